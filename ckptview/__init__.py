@@ -1,0 +1,7 @@
+"""ckptview: browse, compare, restore and retain training checkpoints without the framework."""
+
+from .api import UnknownTreeError, open
+from .catalog import Catalog
+
+__all__ = ["Catalog", "UnknownTreeError", "open"]
+__version__ = "0.1.0"

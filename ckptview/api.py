@@ -1,0 +1,40 @@
+"""``ckptview.open``: detect a tree's layout and return its Catalog."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Executor
+
+from . import registry
+from .catalog import Catalog
+from .io import Storage
+from .tree import Tree
+
+
+class UnknownTreeError(ValueError):
+    """No layout recognizes the tree."""
+
+
+def open(  # noqa: A001 - the public name is ckptview.open
+    url: str | os.PathLike,
+    *,
+    layout: str | None = None,
+    storage_options: dict | None = None,
+    executor: Executor | None = None,
+) -> Catalog:
+    """Open a checkpoint tree (a directory, a file, or a file prefix) at any fsspec URL."""
+    storage, path = Storage.from_url(os.fspath(url), storage_options)
+    try:
+        tree = Tree.at(storage, path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no such checkpoint tree: {url}") from None
+    if layout is not None:
+        return Catalog(tree, registry.get_layout(layout), executor)
+    tried = []
+    for name, candidate in registry.layouts().items():
+        tried.append(name)
+        if candidate.guess_can_open(tree):
+            return Catalog(tree, candidate, executor)
+    raise UnknownTreeError(
+        f"no layout recognizes {url} ({len(tree.entries)} entries); tried: {', '.join(tried)}"
+    )

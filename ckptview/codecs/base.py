@@ -1,0 +1,99 @@
+"""The codec contract: how one file format stores variables."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Iterator
+
+import numpy as np
+
+from ..dtypes import np_dtype
+from ..io import Blob, Storage
+from ..model import Span, VarInfo
+
+
+class PartialRead(Exception):
+    """A file parsed only up to a point: the variables before it are kept, with a message."""
+
+    def __init__(self, variables: list[VarInfo], message: str):
+        super().__init__(message)
+        self.variables = variables
+
+
+class Codec:
+    """Lists a file's variables from its header and reads one variable's values.
+
+    Subclasses set ``name``, and for cheap detection ``suffixes`` (file name endings) and/or
+    ``magic`` (leading bytes), or override :meth:`guess_can_open`. ``list_variables`` must not
+    read tensor data; ``read`` must read only the asked variable's bytes.
+    """
+
+    name: ClassVar[str] = ""
+    suffixes: ClassVar[tuple[str, ...]] = ()
+    magic: ClassVar[tuple[bytes, ...]] = ()
+    #: ordering among codecs when several claim a file; lower goes first
+    priority: ClassVar[int] = 50
+
+    def guess_can_open(self, filename: str, head: bytes) -> bool:
+        """Cheap check on the name and the first bytes of a file."""
+        if self.magic and any(head.startswith(m) for m in self.magic):
+            return True
+        return bool(self.suffixes) and filename.lower().endswith(self.suffixes)
+
+    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+        raise NotImplementedError
+
+    def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
+        """Values of one variable; the default reads ``var.span``."""
+        if var.span is None:
+            raise NotImplementedError(f"{self.name}: no reader for {var.name}")
+        return read_span(blob.storage, var)
+
+    def iter_chunks(self, blob: Blob, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
+        """Flat (1-D, C-order) pieces of a variable's values, each about ``max_bytes``."""
+        if var.span is not None and var.span.order == "C" and var.dtype != "object":
+            yield from iter_span_chunks(blob.storage, var, max_bytes)
+            return
+        yield np.asarray(self.read(blob, var)).reshape(-1)
+
+
+def _disk_dtype(var: VarInfo) -> np.dtype:
+    span = var.span
+    if span is not None and span.disk_dtype:
+        return np_dtype(span.disk_dtype)
+    return np_dtype(var.dtype)
+
+
+def read_span(storage: Storage, var: VarInfo) -> np.ndarray:
+    """A variable's values from its span: one ranged read."""
+    span = var.span
+    dt = _disk_dtype(var)
+    want = var.numel * dt.itemsize
+    if span.length < want:
+        raise ValueError(f"{var.name}: span of {span.length} bytes, values need {want}")
+    data = storage.read_range(span.path, span.offset, span.offset + want)
+    if len(data) < want:
+        raise ValueError(f"{var.name}: file ends {want - len(data)} bytes early")
+    arr = np.frombuffer(data, dtype=dt, count=var.numel).reshape(var.shape, order=span.order)
+    target = np_dtype(var.dtype)
+    if arr.dtype != target:
+        arr = arr.astype(target)
+    return arr
+
+
+def iter_span_chunks(storage: Storage, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
+    """A C-order span in flat pieces of about ``max_bytes``; one ranged read per piece."""
+    span = var.span
+    dt = _disk_dtype(var)
+    target = np_dtype(var.dtype)
+    per = max(1, max_bytes // max(1, dt.itemsize))
+    total = var.numel
+    for start in range(0, total, per):
+        count = min(per, total - start)
+        a = span.offset + start * dt.itemsize
+        data = storage.read_range(span.path, a, a + count * dt.itemsize)
+        if len(data) < count * dt.itemsize:
+            raise ValueError(f"{var.name}: file ends early")
+        arr = np.frombuffer(data, dtype=dt, count=count)
+        yield arr.astype(target) if arr.dtype != target else arr
+    if total == 0:
+        yield np.empty(0, dtype=target)

@@ -1,0 +1,76 @@
+"""numpy dtype names for every framework dtype, including ml_dtypes' bfloat16 and float8."""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:  # ml_dtypes registers bfloat16/float8 with numpy
+    import ml_dtypes as _ml
+except ImportError:  # pragma: no cover - ml_dtypes is a core dependency
+    _ml = None
+
+_ML_NAMES = (
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn",
+    "int4",
+    "uint4",
+)
+
+#: Aliases frameworks use for numpy dtype names (lower-case keys).
+ALIASES = {
+    "bool": "bool",
+    "bool_": "bool",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "f32": "float32",
+    "f64": "float64",
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+    "byte": "uint8",
+    "char": "int8",
+    "cfloat": "complex64",
+    "cdouble": "complex128",
+    "complexfloat": "complex64",
+    "complexdouble": "complex128",
+    "str": "object",
+    "string": "object",
+    "bytes": "object",
+}
+
+
+def np_dtype(name: str | np.dtype) -> np.dtype:
+    """The numpy dtype for a ckptview dtype name (``bfloat16`` and float8 via ml_dtypes)."""
+    if isinstance(name, np.dtype):
+        return name
+    key = ALIASES.get(str(name).lower(), str(name))
+    if key in _ML_NAMES:
+        if _ml is None:
+            raise TypeError(f"dtype {key} needs the ml_dtypes package")
+        return np.dtype(getattr(_ml, key))
+    return np.dtype(key)
+
+
+def dtype_name(dtype: str | np.dtype) -> str:
+    """The canonical ckptview name of a dtype (``float32``, ``bfloat16``, ``object``)."""
+    if isinstance(dtype, np.dtype):
+        if dtype.kind in "OSUV":
+            return "object"
+        return dtype.name if dtype.names is None else "object"
+    return ALIASES.get(str(dtype).lower(), str(dtype))
+
+
+def itemsize(name: str) -> int:
+    """Bytes per element of a dtype name; 0 for ``object``."""
+    if name == "object":
+        return 0
+    return np_dtype(name).itemsize

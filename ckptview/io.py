@@ -1,0 +1,207 @@
+"""All storage access: an fsspec filesystem with byte/request counters, files as ranged blobs.
+
+Every read of the library goes through :class:`Storage`, so tests (and the benchmarks) can
+count the bytes and requests a catalog scan costs, on local disk and on S3 alike.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+HEAD_BLOCK = 4096  # the first block of every file is cached: magic bytes and small headers
+
+
+class TruncatedError(ValueError):
+    """A header points beyond the end of its file."""
+
+
+@dataclass
+class Counters:
+    """Bytes and requests read through one Storage."""
+
+    bytes_read: int = 0
+    requests: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, nbytes: int) -> None:
+        with self.lock:
+            self.bytes_read += nbytes
+            self.requests += 1
+
+    def reset(self) -> None:
+        with self.lock:
+            self.bytes_read = self.requests = 0
+
+
+class Storage:
+    """An fsspec filesystem plus counters; paths are the filesystem's own (protocol stripped)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem):
+        self.fs = fs
+        self.counters = Counters()
+
+    @classmethod
+    def from_url(cls, url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
+        fs, path = url_to_fs(url, **(storage_options or {}))
+        return cls(fs), path.rstrip("/") or "/"
+
+    def url(self, path: str) -> str:
+        """A URL for a path, with the protocol for non-local filesystems."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        if "file" in protocols or "local" in protocols:
+            return path
+        return self.fs.unstrip_protocol(path)
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file; one request."""
+        if end <= start:
+            return b""
+        data = self.fs.cat_file(path, start=start, end=end)
+        self.counters.add(len(data))
+        return data
+
+    def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Several ranges of one file (concurrently where the filesystem is async)."""
+        if not ranges:
+            return []
+        if hasattr(self.fs, "cat_ranges"):
+            n = len(ranges)
+            out = self.fs.cat_ranges([path] * n, [r[0] for r in ranges], [r[1] for r in ranges])
+        else:  # pragma: no cover - every fsspec filesystem has cat_ranges
+            out = [self.fs.cat_file(path, start=a, end=b) for a, b in ranges]
+        for chunk in out:
+            if isinstance(chunk, Exception):
+                raise chunk
+            self.counters.add(len(chunk))
+        return out
+
+    def read_all(self, path: str) -> bytes:
+        data = self.fs.cat_file(path)
+        self.counters.add(len(data))
+        return data
+
+    def info(self, path: str) -> dict:
+        return normalize_info(self.fs.info(path))
+
+    def blob(self, path: str, size: int | None = None) -> Blob:
+        return Blob(self, path, size)
+
+
+def normalize_info(info: dict) -> dict:
+    """name, size, type ('file'/'directory') and mtime (a UTC datetime or None)."""
+    mtime = None
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
+        v = info.get(key)
+        if v is None:
+            continue
+        if isinstance(v, (int, float)):
+            mtime = datetime.fromtimestamp(float(v), tz=timezone.utc)
+        elif isinstance(v, datetime):
+            mtime = v if v.tzinfo else v.replace(tzinfo=timezone.utc)
+        elif isinstance(v, str):
+            try:
+                mtime = datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        if mtime is not None:
+            break
+    kind = info.get("type", "file")
+    return {
+        "name": info["name"].rstrip("/"),
+        "size": int(info.get("size") or 0),
+        "type": "directory" if kind in ("directory", "dir") else "file",
+        "mtime": mtime,
+        "etag": info.get("ETag") or info.get("etag"),
+    }
+
+
+class Blob:
+    """One file, read by ranges; the first block is cached so detection and headers share it."""
+
+    def __init__(self, storage: Storage, path: str, size: int | None = None):
+        self.storage = storage
+        self.path = path
+        self._size = size
+        self._head: bytes | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        if self._size is None:
+            self._size = self.storage.info(self.path)["size"]
+        return self._size
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path)
+
+    @property
+    def url(self) -> str:
+        return self.storage.url(self.path)
+
+    def head(self, n: int = HEAD_BLOCK) -> bytes:
+        """Up to ``n`` first bytes (at most one request for the cached first block)."""
+        if n <= HEAD_BLOCK:
+            with self._lock:
+                if self._head is None:
+                    self._head = self.storage.read_range(self.path, 0, min(HEAD_BLOCK, self.size))
+            return self._head[:n]
+        return self.read(0, min(n, self.size))
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset``; TruncatedError if the file is shorter."""
+        if offset < 0 or length < 0:
+            raise TruncatedError(f"{self.name}: negative offset or length ({offset}, {length})")
+        end = offset + length
+        if end > self.size:
+            raise TruncatedError(
+                f"{self.name}: needs bytes {offset}..{end} but the file has {self.size}"
+            )
+        if end <= HEAD_BLOCK and (self._head is not None or self.size <= HEAD_BLOCK):
+            return self.head(HEAD_BLOCK)[offset:end]
+        return self.storage.read_range(self.path, offset, end)
+
+    def read_upto(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (shorter at the end of the file)."""
+        return self.read(offset, max(0, min(length, self.size - offset)))
+
+    def open(self, **kwargs: Any):
+        """A seekable file object (for zipfile/h5py); reads are counted."""
+        return CountingFile(self.storage, self.storage.fs.open(self.path, "rb", **kwargs))
+
+
+class CountingFile:
+    """A file-object proxy that counts bytes read into the Storage counters."""
+
+    def __init__(self, storage: Storage, f):
+        self._storage = storage
+        self._f = f
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._storage.counters.add(len(data))
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
+
+    def __iter__(self):
+        return iter(self._f)

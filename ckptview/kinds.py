@@ -1,0 +1,29 @@
+"""Guess a variable's kind (model, optimizer, trainer, …) from its name."""
+
+from __future__ import annotations
+
+import re
+
+_RULES: list[tuple[str, re.Pattern]] = [
+    ("rng", re.compile(r"(^|/)(rng|rng_state|random|torch_rng|cuda_rng|python_rng|numpy_rng)", re.I)),
+    ("scheduler", re.compile(r"(^|/)(scheduler|lr_scheduler|lr_schedulers)(/|$)", re.I)),
+    ("lookup_table", re.compile(r"(^|/)(__lookup_table__|lookup_table)", re.I)),
+    (
+        "optimizer",
+        re.compile(
+            r"(^|/)(optimizer|optimizers|opt|opt_state|optimizer_states)(/|$)"
+            r"|_moment\d|_beta\d_pow_acc|_velocity_|exp_avg|momentum_buffer|_accumulator"
+            r"|\.OPTIMIZER_SLOT|(^|/)(adam|sgd)_|@GRAD",
+            re.I,
+        ),
+    ),
+    ("trainer", re.compile(r"(^|/)(epoch_id|step_id|epoch|global_step|step|trainer_state)$", re.I)),
+]
+
+
+def guess_kind(name: str) -> str:
+    """The kind of a variable from its (prefixed) name; ``model`` when nothing else fits."""
+    for kind, pattern in _RULES:
+        if pattern.search(name):
+            return kind
+    return "model"

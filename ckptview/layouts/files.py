@@ -1,0 +1,38 @@
+"""Fallback layout: a directory (or one file) of checkpoint files without serial numbers."""
+
+from __future__ import annotations
+
+from ..model import FileRef, SerialInfo, TreeScan
+from ..tree import Tree
+from .base import Layout
+
+#: files that never hold variables
+SKIP_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".lock", ".log", ".csv", ".py", ".sh")
+
+
+class FilesLayout(Layout):
+    """Every file directly in the root is one part of a single checkpoint, serial 0.
+
+    Files a codec does not recognize are skipped. With several files, each variable name is
+    prefixed by its file's name so names from different files never collide.
+    """
+
+    name = "files"
+    priority = 1000
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        return bool(self._candidates(tree))
+
+    def _candidates(self, tree: Tree) -> list[str]:
+        return [f for f in tree.files(depth=1) if not f.lower().endswith(SKIP_SUFFIXES)]
+
+    def scan(self, tree: Tree) -> TreeScan:
+        files = self._candidates(tree)
+        many = len(files) > 1
+        refs = [
+            FileRef(tree.abs(f), prefix=f if many else "", size=tree.size(f), optional=many)
+            for f in files
+        ]
+        others = [tree.abs(f) for f in tree.files(depth=1) if f not in files]
+        serial = SerialInfo(0, tree.abs(tree.single or ""), files=refs, other_files=others)
+        return TreeScan([serial])

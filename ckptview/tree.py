@@ -1,0 +1,113 @@
+"""A listed checkpoint tree: one recursive listing shared by every layout's detection."""
+
+from __future__ import annotations
+
+import posixpath
+from functools import cached_property
+
+from .io import Blob, Storage, normalize_info
+
+
+class Tree:
+    """The root of a checkpoint tree and its files, listed once.
+
+    Paths in ``entries`` are relative to the root, '/'-separated. A root that is a single
+    file lists as that file (relative name = its basename, ``root`` its parent).
+    """
+
+    def __init__(self, storage: Storage, root: str, entries: dict[str, dict] | None = None):
+        self.storage = storage
+        self.root = root.rstrip("/") or "/"
+        self._entries = entries
+        self.single: str | None = None  # set when the tree is one file
+
+    @classmethod
+    def at(cls, storage: Storage, path: str) -> Tree:
+        """The tree rooted at ``path``; a file becomes a one-file tree in its directory."""
+        info = storage.info(path)
+        if info["type"] == "file":
+            tree = cls(storage, posixpath.dirname(path.rstrip("/")), {posixpath.basename(path): info})
+            tree.single = posixpath.basename(path)
+            return tree
+        return cls(storage, path)
+
+    @cached_property
+    def entries(self) -> dict[str, dict]:
+        if self._entries is not None:
+            return self._entries
+        found = self.storage.fs.find(self.root, withdirs=True, detail=True)
+        out = {}
+        for path, inf in found.items():
+            rel = self.rel(path)
+            if rel and not rel.startswith(".ckptview"):
+                out[rel] = normalize_info(inf)
+        return out
+
+    def rel(self, path: str) -> str:
+        path = path.rstrip("/")
+        root = self.root.rstrip("/")
+        if path == root:
+            return ""
+        if root in ("", "/"):
+            return path.lstrip("/")
+        return path[len(root) + 1 :] if path.startswith(root + "/") else path
+
+    def abs(self, rel: str) -> str:
+        if not rel:
+            return self.root
+        return self.root.rstrip("/") + "/" + rel if self.root != "/" else "/" + rel
+
+    def files(self, under: str = "", depth: int | None = None) -> list[str]:
+        """Relative paths of files below ``under`` (all depths, or at most ``depth`` levels)."""
+        return self._select("file", under, depth)
+
+    def dirs(self, under: str = "", depth: int | None = 1) -> list[str]:
+        """Relative paths of directories below ``under`` (direct children by default)."""
+        return self._select("directory", under, depth)
+
+    def _select(self, kind: str, under: str, depth: int | None) -> list[str]:
+        prefix = under.rstrip("/") + "/" if under else ""
+        out = []
+        for rel, inf in self.entries.items():
+            if inf["type"] != kind or not rel.startswith(prefix):
+                continue
+            rest = rel[len(prefix) :]
+            if depth is not None and rest.count("/") >= depth:
+                continue
+            out.append(rel)
+        return sorted(out)
+
+    def children(self, under: str = "") -> list[str]:
+        """Names (not paths) directly below ``under``: files and directories."""
+        prefix = under.rstrip("/") + "/" if under else ""
+        names = set()
+        for rel in self.entries:
+            if rel.startswith(prefix) and rel != under:
+                names.add(rel[len(prefix) :].split("/", 1)[0])
+        return sorted(names)
+
+    def exists(self, rel: str) -> bool:
+        return rel in self.entries
+
+    def is_dir(self, rel: str) -> bool:
+        return rel == "" or self.entries.get(rel, {}).get("type") == "directory"
+
+    def info(self, rel: str) -> dict:
+        return self.entries[rel]
+
+    def size(self, rel: str) -> int:
+        return self.entries.get(rel, {}).get("size", 0)
+
+    def blob(self, rel: str) -> Blob:
+        return self.storage.blob(self.abs(rel), self.entries.get(rel, {}).get("size"))
+
+    def read_bytes(self, rel: str, limit: int = 1 << 20) -> bytes:
+        """A small file's bytes (at most ``limit``: markers, state files, JSON)."""
+        blob = self.blob(rel)
+        return blob.read_upto(0, limit)
+
+    def read_text(self, rel: str, limit: int = 1 << 20) -> str:
+        return self.read_bytes(rel, limit).decode("utf-8", "replace")
+
+    def url(self, rel: str = "") -> str:
+        return self.storage.url(self.abs(rel))

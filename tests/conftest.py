@@ -1,0 +1,36 @@
+"""Shared fixtures: the real corpus (../shared/corpus by default, $CKPTVIEW_CORPUS to override)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("CKPTVIEW_CORPUS", ROOT.parent / "shared" / "corpus")).resolve()
+
+
+def corpus_path(*parts: str) -> Path:
+    """A path inside the corpus; fails (never skips) when the corpus is missing."""
+    path = CORPUS.joinpath(*parts)
+    if not path.exists():
+        pytest.fail(f"corpus path missing: {path} (set CKPTVIEW_CORPUS)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    if not (CORPUS / "INDEX.json").exists():
+        pytest.fail(f"no corpus at {CORPUS}; set CKPTVIEW_CORPUS")
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def corpus_index(corpus) -> dict:
+    return json.loads((corpus / "INDEX.json").read_text())
+
+
+def ground_truth(rel: str) -> dict:
+    return json.loads(corpus_path(rel).read_text())
