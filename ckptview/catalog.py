@@ -324,6 +324,68 @@ class Catalog:
             out[key] = self.read(row.name, serial=serial, node=row.node)
         return out
 
+    # -- compare, follow, restore, retain (thin delegations; see stats/diff/restore/retention)
+    def refresh(self) -> Catalog:
+        """Forget the listing and every table: the next access rescans the tree."""
+        with self._lock:
+            if self.tree._entries is None:
+                self.tree.__dict__.pop("entries", None)
+            self._scan = self._results = None
+            self._tables = {}
+            self._index = {}
+        return self
+
+    def stats(self, serial: int | None = None, names=None, **kwargs) -> pd.DataFrame:
+        """Per-variable min, max, mean, std, l2, n_nan, n_inf, frac_zero (streamed)."""
+        from .stats import stats
+
+        return stats(self, serial, names, **kwargs)
+
+    def diff(self, a: int | None, b: int | None, other: Catalog | None = None, names=None,
+             **kwargs) -> pd.DataFrame:  # fmt: skip
+        """Variable-by-variable numeric diff of serial ``a`` and ``b`` (of ``other``)."""
+        from .diff import diff
+
+        return diff(self, a, b, other, names, **kwargs)
+
+    def trajectory(self, name: str, stat: str = "l2", node: str = "") -> pd.Series:
+        """One statistic of one variable across serials."""
+        from .stats import trajectory
+
+        return trajectory(self, name, stat, node)
+
+    def restore(self, serial: int, to=None, dry_run: bool = False, **kwargs):
+        """Copy ``serial`` to ``to``, or promote it in place; never deletes."""
+        from .restore import restore
+
+        return restore(self, serial, to, dry_run, **kwargs)
+
+    def plan_retention(self, keep_last=None, keep_every=None, keep_best=None, pinned=(),
+                       older_than=None, **kwargs) -> pd.DataFrame:  # fmt: skip
+        """Which serials a retention policy keeps and deletes (nothing is changed)."""
+        from .retention import plan_retention
+
+        return plan_retention(self, keep_last, keep_every, keep_best, pinned, older_than,
+                              **kwargs)  # fmt: skip
+
+    def apply_retention(self, plan: pd.DataFrame, **kwargs) -> pd.DataFrame:
+        """Delete what ``plan`` says, after re-checking the tree; returns what was deleted."""
+        from .retention import apply_retention
+
+        return apply_retention(self, plan, **kwargs)
+
+    def set_retention(self, policy=None, **kwargs):
+        """Store a retention policy with the tree (``.ckptview/retention.json``)."""
+        from .retention import set_retention
+
+        return set_retention(self, policy, **kwargs)
+
+    def retention_policy(self):
+        """The policy stored with the tree, or None."""
+        from .retention import retention_policy
+
+        return retention_policy(self)
+
 
 def var_name(ref: FileRef, var: VarInfo) -> str:
     """A variable's catalog name: the file's prefix joined with the codec's name for it.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import ClassVar
 
-from ..model import TreeScan
+from ..model import SerialInfo, TreeScan
 from ..tree import Tree
 
 
@@ -27,6 +28,99 @@ class Layout:
     def scan(self, tree: Tree) -> TreeScan:
         raise NotImplementedError
 
+    # -- management hooks (restore, retention): generic defaults; layouts override a few
+
+    #: a staging suffix: copies go to ``<dir><suffix>`` and are renamed into place (Orbax,
+    #: Paddle incubate); None: files are copied directly, commit markers last
+    staging_suffix: ClassVar[str | None] = None
+
+    def serial_files(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """Relative paths of every file of a serial: data, markers, per-serial state."""
+        rel = _serial_rel(tree, info)
+        if rel and tree.is_dir(rel):
+            return tree.files(under=rel)
+        paths = [ref.path for ref in info.files] + list(info.other_files)
+        return sorted({tree.rel(p) for p in paths if tree.exists(tree.rel(p))})
+
+    def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """Files (among ``serial_files``) whose presence makes the serial complete: written
+        last on copy, deleted first."""
+        return []
+
+    def marker_data(self, tree: Tree, info: SerialInfo, rel: str) -> bytes | None:
+        """Fresh contents for a commit marker written by a promotion; None copies it."""
+        return None
+
+    def relocate(self, tree: Tree, info: SerialInfo, rel: str, new: int) -> str:
+        """Where file ``rel`` of ``info`` lives when the serial is renumbered ``new``."""
+        base = _serial_rel(tree, info)
+        if base and tree.is_dir(base):
+            head, _, tail = base.rpartition("/")
+            moved = (head + "/" if head else "") + renumber(tail, info.serial, new)
+            return moved + rel[len(base) :]
+        head, _, tail = rel.rpartition("/")
+        return (head + "/" if head else "") + renumber(tail, info.serial, new)
+
+    def copy_ops(
+        self,
+        tree: Tree,
+        info: SerialInfo,
+        new: int | None = None,
+        fresh_markers: bool = False,
+        staging: str | None = None,
+    ) -> list[Op]:
+        """Copy a serial (renumbered ``new`` when given), commit markers last; a directory
+        serial goes through ``<dir><staging>`` (default ``staging_suffix``) when set."""
+        staging = staging or self.staging_suffix
+        files = self.serial_files(tree, info)
+        markers = [m for m in self.commit_markers(tree, info) if m in files]
+        dest = (lambda r: self.relocate(tree, info, r, new)) if new is not None else (lambda r: r)
+        base = _serial_rel(tree, info)
+        staged = staging and base and tree.is_dir(base)
+        final_dir = dest(base) if staged else ""
+
+        def target(rel: str) -> str:
+            out = dest(rel)
+            return final_dir + staging + out[len(final_dir) :] if staged else out
+
+        ops = []
+        for rel in [f for f in files if f not in markers] + markers:
+            data = self.marker_data(tree, info, rel) if fresh_markers and rel in markers else None
+            if data is not None:
+                ops.append(Op("write", target(rel), data=data, nbytes=len(data), note="marker"))
+            else:
+                note = "marker" if rel in markers else ""
+                ops.append(Op("copy", target(rel), src=tree.abs(rel), nbytes=tree.size(rel),
+                              atomic=not staged, note=note))  # fmt: skip
+        if staged:
+            ops.append(Op("rename", final_dir, src=final_dir + staging, note="commit"))
+        return ops
+
+    def export_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Copy a serial to another tree so the framework resumes from it there."""
+        return self.copy_ops(tree, info)
+
+    def next_serial(self, tree: Tree, scan: TreeScan) -> int:
+        return max((s.serial for s in scan.serials), default=-1) + 1
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Make the framework resume from ``info`` in place; default: copy it as the next
+        serial with fresh commit markers written last."""
+        return self.copy_ops(tree, info, self.next_serial(tree, scan), fresh_markers=True)
+
+    def delete_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Delete a serial: commit markers first (a half-deleted serial never looks complete),
+        then its files, then its emptied directories, deepest first."""
+        files = self.serial_files(tree, info)
+        markers = [m for m in self.commit_markers(tree, info) if m in files]
+        ops = [Op("delete", r, nbytes=tree.size(r), note="marker") for r in markers]
+        ops += [Op("delete", r, nbytes=tree.size(r)) for r in files if r not in markers]
+        base = _serial_rel(tree, info)
+        if base and tree.is_dir(base):
+            dirs = [base, *tree.dirs(under=base, depth=None)]
+            ops += [Op("rmdir", d) for d in sorted(dirs, key=lambda d: -d.count("/"))]
+        return ops
+
 
 _NUM = re.compile(r"(\d+)")
 
@@ -35,3 +129,37 @@ def trailing_int(name: str) -> int | None:
     """The last run of digits in a name (``checkpoint-300`` -> 300), or None."""
     found = _NUM.findall(name)
     return int(found[-1]) if found else None
+
+
+# -- management ops: restore and retention ----------------------------------------------
+# Layouts describe changes as a list of Ops; ckptview.journal runs them (journaled, locked,
+# every write atomic). Paths in ops are relative to the root of the tree being changed.
+
+
+@dataclass
+class Op:
+    """One step of a change: ``copy`` (src: absolute path on the source storage), ``write``
+    (data), ``rename`` (src: relative path), ``delete`` (a file) or ``rmdir`` (an empty dir)."""
+
+    kind: str
+    path: str
+    src: str | None = None
+    data: bytes | None = None
+    nbytes: int = 0
+    atomic: bool = True  # copy/write: via a temp file under .ckptview/tmp, then a rename
+    replace: bool = False  # write: may replace an existing file (state files: atomic rename)
+    note: str = ""
+
+
+def _serial_rel(tree: Tree, info: SerialInfo) -> str:
+    return tree.rel(info.path)
+
+
+def renumber(name: str, old: int, new: int) -> str:
+    """``name`` with its last run of digits equal to ``old`` replaced by ``new`` (same width)."""
+    runs = [m for m in _NUM.finditer(name) if int(m.group(1)) == old]
+    if not runs:
+        raise ValueError(f"cannot find serial {old} in {name!r}")
+    m = runs[-1]
+    width = len(m.group(1)) if m.group(1).startswith("0") else 0
+    return name[: m.start()] + str(new).zfill(width) + name[m.end() :]

@@ -1,0 +1,51 @@
+"""Measurement helpers: each contender runs in its own subprocess so peak RSS is its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run_contender(script: str, *args: str, python: str = sys.executable, repeat: int = 3) -> dict:
+    """Run ``python -c script args`` ``repeat`` times; best wall time and peak RSS (MiB).
+
+    The script prints one JSON object (its own result, e.g. a checksum) on its last line.
+    """
+    best = None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            [python, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        out = proc.stdout.read()
+        err = proc.stderr.read()
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise RuntimeError(f"contender failed:\n{err[-2000:]}")
+        result = json.loads(out.strip().splitlines()[-1])
+        rec = {"seconds": elapsed, "peak_rss_mib": usage.ru_maxrss / 1024, "result": result}
+        if best is None or elapsed < best["seconds"]:
+            best = rec
+    return best
+
+
+def table(rows: list[dict], baseline: str) -> str:
+    """A Markdown table; ``ratio`` is each row's time over the baseline row's time."""
+    base = next(r for r in rows if r["name"] == baseline)["seconds"]
+    lines = [
+        "| contender | seconds | ratio vs " + baseline + " | peak RSS MiB |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['seconds']:.3f} | {r['seconds'] / base:.2f} | "
+            f"{r['peak_rss_mib']:.0f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,276 @@
+"""NumPy ``.npy`` (NEP 1, versions 1-3) and ``.npz`` (a zip of ``.npy`` members).
+
+Headers are parsed with ``ast.literal_eval`` (never a pickle); object arrays are refused.
+Stored npz members are Spans at offsets computed from their local zip headers; deflated
+members are inflated by streaming, and listing inflates only the first bytes of each.
+"""
+
+from __future__ import annotations
+
+import ast
+import struct
+import zipfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..dtypes import dtype_name
+from ..io import Blob, TruncatedError
+from ..model import Span, VarInfo
+from .base import Codec
+
+MAGIC = b"\x93NUMPY"
+MAX_HEADER = 1 << 20  # numpy itself refuses headers over 10 000 bytes unless told otherwise
+_LOCAL = struct.Struct("<4s5H3L2H")  # zip local file header (30 bytes)
+_INFLATE_STEP = 64 << 10
+
+
+@dataclass
+class NpyHeader:
+    """A parsed ``.npy`` header: on-disk dtype, shape, order and where the values start."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    fortran: bool
+    data_offset: int  # relative to the start of the .npy stream
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def parse_npy_header(prefix: bytes, read_more=None) -> NpyHeader:
+    """Parse a header from the first bytes of a ``.npy`` stream.
+
+    ``read_more(n)`` returns the first ``n`` bytes when ``prefix`` is too short.
+    """
+    if len(prefix) == 0:
+        raise ValueError("empty file: no .npy header")
+    if len(prefix) < 10 or not prefix.startswith(MAGIC):
+        raise ValueError("not a .npy stream (bad magic)")
+    major = prefix[6]
+    if major == 1:
+        fixed = 10
+    elif major in (2, 3):
+        fixed = 12
+    else:
+        raise ValueError(f".npy format version {major}.{prefix[7]} is not supported")
+    if len(prefix) < fixed:
+        raise ValueError("truncated .npy header")
+    hlen = struct.unpack("<H" if major == 1 else "<I", prefix[8:fixed])[0]
+    if hlen > MAX_HEADER:
+        raise ValueError(f".npy header length {hlen} exceeds {MAX_HEADER}")
+    if len(prefix) < fixed + hlen:
+        if read_more is None:
+            raise ValueError("truncated .npy header")
+        prefix = read_more(fixed + hlen)
+        if len(prefix) < fixed + hlen:
+            raise ValueError("truncated .npy header")
+    text = prefix[fixed : fixed + hlen].decode("utf-8" if major == 3 else "latin1")
+    try:
+        meta = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError) as e:
+        raise ValueError(f"unreadable .npy header: {e}") from None
+    if not isinstance(meta, dict) or set(meta) != {"descr", "fortran_order", "shape"}:
+        raise ValueError(f".npy header has unexpected keys: {text[:80]!r}")
+    shape = meta["shape"]
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError(f"bad .npy shape {shape!r}")
+    if not isinstance(meta["fortran_order"], bool):
+        raise ValueError("bad .npy fortran_order")
+    return NpyHeader(_descr_dtype(meta["descr"]), shape, meta["fortran_order"], fixed + hlen)
+
+
+def _descr_dtype(descr: object) -> np.dtype:
+    if not isinstance(descr, str):
+        raise ValueError("structured .npy dtypes are not supported")
+    try:
+        dt = np.dtype(descr)
+    except TypeError as e:
+        raise ValueError(f"bad .npy descr {descr!r}: {e}") from None
+    if dt.hasobject:
+        raise ValueError("object arrays need pickle, which ckptview never runs")
+    return dt
+
+
+def npy_var(name: str, path: str, header: NpyHeader, offset: int | None) -> VarInfo:
+    """A VarInfo for a parsed header; ``offset`` is the absolute data offset for a Span."""
+    var = VarInfo(name, dtype_name(header.dtype), header.shape, nbytes=header.nbytes)
+    var.attrs["descr"] = header.dtype.str
+    if header.fortran:
+        var.attrs["fortran_order"] = True
+    if offset is not None:
+        order = "F" if header.fortran else "C"
+        var.span = Span(path, offset, header.nbytes, order=order, disk_dtype=header.dtype.str)
+    return var
+
+
+class NpyCodec(Codec):
+    """A single ``.npy`` file: one unnamed tensor."""
+
+    name = "npy"
+    suffixes = (".npy",)
+    magic = (MAGIC,)
+    priority = 40
+
+    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+        if blob.size == 0:
+            raise ValueError("empty file: no .npy header")
+        header = parse_npy_header(blob.head(), lambda n: blob.read_upto(0, n))
+        end = header.data_offset + header.nbytes
+        if end > blob.size:
+            raise TruncatedError(
+                f"{blob.name}: values need bytes up to {end}, the file has {blob.size}"
+            )
+        return [npy_var("", blob.path, header, header.data_offset)]
+
+
+@dataclass
+class _Member:
+    """Where a deflated npz member's compressed bytes lie."""
+
+    offset: int  # first compressed byte
+    compressed: int
+    skip: int  # bytes of .npy header to drop from the inflated stream
+    nbytes: int
+    dtype: str  # on-disk dtype string
+    order: str
+
+
+class NpzCodec(Codec):
+    """``.npz`` archives (``np.savez`` stored, ``np.savez_compressed`` deflated)."""
+
+    name = "npz"
+    suffixes = (".npz",)
+    priority = 40
+
+    def guess_can_open(self, filename: str, head: bytes) -> bool:
+        if filename.lower().endswith(self.suffixes):
+            return True
+        if not head.startswith(b"PK\x03\x04") or len(head) < 30:
+            return False
+        n = struct.unpack("<H", head[26:28])[0]
+        return head[30 : 30 + n].endswith(b".npy")
+
+    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+        with blob.open() as f:
+            try:
+                infos = zipfile.ZipFile(f).infolist()
+            except zipfile.BadZipFile as e:
+                raise ValueError(f"{blob.name}: not a readable zip ({e})") from None
+        return [self._member(blob, info) for info in infos if not info.is_dir()]
+
+    def _member(self, blob: Blob, info: zipfile.ZipInfo) -> VarInfo:
+        name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+        try:
+            start = _payload_offset(blob, info)
+            if start + info.compress_size > blob.size:
+                raise TruncatedError(f"member {info.filename} runs past the end of the file")
+            if info.flag_bits & 1:
+                raise ValueError("encrypted member")
+            if not info.filename.endswith(".npy"):
+                var = VarInfo(name, "object", (), nbytes=info.file_size)
+                var.locator = ("raw", start, info.compress_size, info.compress_type)
+                return var
+            if info.compress_type == zipfile.ZIP_STORED:
+                header = parse_npy_header(blob.read_upto(start, 128), lambda n: blob.read_upto(start, n))
+                if header.data_offset + header.nbytes > info.file_size:
+                    raise TruncatedError(f"member {info.filename} is shorter than its header says")
+                return npy_var(name, blob.path, header, start + header.data_offset)
+            if info.compress_type != zipfile.ZIP_DEFLATED:
+                raise ValueError(f"zip compression method {info.compress_type} is not supported")
+            prefix = b"".join(_inflate(blob, start, info.compress_size, 0, 256, step=1024))
+            header = parse_npy_header(
+                prefix,
+                lambda n: b"".join(_inflate(blob, start, info.compress_size, 0, n, step=1024)),
+            )
+            if header.data_offset + header.nbytes > info.file_size:
+                raise TruncatedError(f"member {info.filename} is shorter than its header says")
+            var = npy_var(name, blob.path, header, None)
+            order = "F" if header.fortran else "C"
+            var.locator = _Member(
+                start, info.compress_size, header.data_offset, header.nbytes, header.dtype.str, order
+            )
+            return var
+        except Exception as e:  # noqa: BLE001 - one bad member is an error row, not a failed file
+            return VarInfo(name, "object", (), error=f"{type(e).__name__}: {e}"[:300])
+
+    def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
+        loc = var.locator
+        if isinstance(loc, _Member):
+            data = b"".join(_inflate(blob, loc.offset, loc.compressed, loc.skip, loc.nbytes))
+            if len(data) < loc.nbytes:
+                raise ValueError(f"{var.name}: compressed member ends early")
+            arr = np.frombuffer(data, dtype=np.dtype(loc.dtype)).reshape(var.shape, order=loc.order)
+            return arr.astype(arr.dtype.newbyteorder("="), copy=False)
+        if isinstance(loc, tuple) and loc[0] == "raw":
+            _, start, size, method = loc
+            if method == zipfile.ZIP_STORED:
+                return np.array(blob.read(start, size), dtype=object)
+            return np.array(b"".join(_inflate(blob, start, size, 0, var.nbytes)), dtype=object)
+        return super().read(blob, var)
+
+    def iter_chunks(self, blob: Blob, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
+        loc = var.locator
+        if not (isinstance(loc, _Member) and loc.order == "C"):
+            yield from super().iter_chunks(blob, var, max_bytes)
+            return
+        dt = np.dtype(loc.dtype)
+        step = max(dt.itemsize, max_bytes - max_bytes % dt.itemsize)
+        pending = b""
+        for piece in _inflate(blob, loc.offset, loc.compressed, loc.skip, loc.nbytes):
+            pending += piece
+            while len(pending) >= step:
+                yield np.frombuffer(pending[:step], dtype=dt).astype(dt.newbyteorder("="))
+                pending = pending[step:]
+        if pending or var.numel == 0:
+            yield np.frombuffer(pending, dtype=dt).astype(dt.newbyteorder("="))
+
+
+def _payload_offset(blob: Blob, info: zipfile.ZipInfo) -> int:
+    """Absolute offset of a member's (compressed) data, from its local file header."""
+    raw = blob.read(info.header_offset, _LOCAL.size)
+    fields = _LOCAL.unpack(raw)
+    if fields[0] != b"PK\x03\x04":
+        raise ValueError(f"member {info.filename}: bad local header signature")
+    name_len, extra_len = fields[-2], fields[-1]
+    return info.header_offset + _LOCAL.size + name_len + extra_len
+
+
+def _inflate(
+    blob: Blob, offset: int, size: int, skip: int, want: int, step: int = _INFLATE_STEP
+) -> Iterator[bytes]:
+    """Inflate raw-deflate bytes at ``offset``; yield output ``[skip, skip + want)`` in pieces.
+
+    Reads ``step`` compressed bytes at a time and never produces more than asked for.
+    """
+    d = zlib.decompressobj(-zlib.MAX_WBITS)
+    pos, end = offset, offset + size
+    to_skip, left = skip, want
+    while left > 0:
+        if d.unconsumed_tail:
+            chunk = d.unconsumed_tail
+        elif pos < end:
+            n = min(step, end - pos)
+            chunk = blob.read(pos, n)
+            pos += n
+        else:
+            break
+        try:
+            out = d.decompress(chunk, to_skip + left)
+        except zlib.error as e:
+            raise ValueError(f"corrupt deflate stream: {e}") from None
+        if to_skip:
+            cut = min(to_skip, len(out))
+            out, to_skip = out[cut:], to_skip - cut
+        if out:
+            out = out[:left]
+            left -= len(out)
+            yield out
+        if d.eof:
+            break

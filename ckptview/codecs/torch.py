@@ -1,0 +1,408 @@
+"""PyTorch ``torch.save`` files: the zip format (any archive prefix, zip64) and the legacy format.
+
+The pickle (``data.pkl``) goes through the restricted unpickler; storages are located from the
+zip's central directory and local headers (zip) or from the storage table after the pickles
+(legacy). A tensor whose view is C- or F-contiguous gets a ``Span``; other views (shared
+storages with their own offset/stride) are read from the storage range with ``as_strided``.
+Non-tensor leaves become small variables: numbers as 0-d, lists of numbers as 1-d, strings as
+``object``. See specs/modern.md §1.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import dtype_name, np_dtype
+from ..io import Blob, TruncatedError
+from ..model import Span, VarInfo
+from ..unpickle import (
+    ArrayRef,
+    LazyBytes,
+    Record,
+    StorageRef,
+    TensorRef,
+    Unpickler,
+    flatten,
+    torch_persistent_load,
+)
+from .base import Codec, PartialRead
+
+ZIP_MAGIC = b"PK\x03\x04"
+LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
+SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".tar", ".distcp")
+MAX_LIST = 4096  # lists of numbers longer than this are not shown as variables
+
+
+# -- zip directory ----------------------------------------------------------------------------
+def zip_entries(blob: Blob) -> dict[str, tuple[int, int, int, int]]:
+    """name -> (local header offset, compressed size, size, method) from the central directory."""
+    size = blob.size
+    tail_len = min(size, 22 + 65535 + 20)
+    tail = blob.read(size - tail_len, tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        raise ValueError("not a zip archive (no end of central directory)")
+    n_total, cd_size, cd_offset = struct.unpack("<HII", tail[at + 10 : at + 20])
+    if 0xFFFF in (n_total,) or 0xFFFFFFFF in (cd_size, cd_offset):
+        loc = at - 20
+        if loc < 0 or tail[loc : loc + 4] != b"PK\x06\x07":
+            raise ValueError("zip64 archive without its locator")
+        (eocd64,) = struct.unpack("<Q", tail[loc + 8 : loc + 16])
+        rec = blob.read(eocd64, 56)
+        if rec[:4] != b"PK\x06\x06":
+            raise ValueError("bad zip64 end of central directory")
+        n_total, cd_size, cd_offset = struct.unpack("<QQQ", rec[32:56])
+    if cd_offset + cd_size > size or n_total > cd_size // 46 + 1:
+        raise TruncatedError(f"zip central directory at {cd_offset}+{cd_size} beyond {size} bytes")
+    cd = blob.read(cd_offset, cd_size)
+    out: dict[str, tuple[int, int, int, int]] = {}
+    pos = 0
+    for _ in range(n_total):
+        if cd[pos : pos + 4] != b"PK\x01\x02" or pos + 46 > len(cd):
+            raise ValueError("corrupt zip central directory")
+        method, csize, usize, nlen, xlen, clen = struct.unpack("<H8xIIHHH", cd[pos + 10 : pos + 34])
+        (offset,) = struct.unpack("<I", cd[pos + 42 : pos + 46])
+        name = cd[pos + 46 : pos + 46 + nlen].decode("utf-8", "replace")
+        extra = cd[pos + 46 + nlen : pos + 46 + nlen + xlen]
+        usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
+        out[name] = (offset, csize, usize, method)
+        pos += 46 + nlen + xlen + clen
+    return out
+
+
+def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
+    i = 0
+    while i + 4 <= len(extra):
+        tag, n = struct.unpack("<HH", extra[i : i + 4])
+        if tag == 1:
+            vals = list(struct.unpack(f"<{n // 8}Q", extra[i + 4 : i + 4 + (n // 8) * 8]))
+            if usize == 0xFFFFFFFF and vals:
+                usize = vals.pop(0)
+            if csize == 0xFFFFFFFF and vals:
+                csize = vals.pop(0)
+            if offset == 0xFFFFFFFF and vals:
+                offset = vals.pop(0)
+        i += 4 + n
+    return usize, csize, offset
+
+
+def payload_offsets(blob: Blob, entries: dict, names: list[str]) -> dict[str, tuple[int, int]]:
+    """name -> (payload offset, size) of STORED records, from their local headers (one batch)."""
+    names = [n for n in names if n in entries]
+    heads = blob.storage.read_ranges(
+        blob.path, [(entries[n][0], entries[n][0] + 30) for n in names]
+    )
+    out = {}
+    for name, head in zip(names, heads, strict=True):
+        offset, csize, usize, method = entries[name]
+        if len(head) < 30 or head[:4] != ZIP_MAGIC:
+            raise ValueError(f"zip record {name}: bad local header")
+        nlen, xlen = struct.unpack("<HH", head[26:30])
+        start = offset + 30 + nlen + xlen
+        if method != 0 or csize != usize:
+            raise ValueError(f"zip record {name} is compressed (torch writes stored records)")
+        if start + usize > blob.size:
+            raise TruncatedError(f"zip record {name} ends beyond the file")
+        out[name] = (start, usize)
+    return out
+
+
+# -- leaves to variables ----------------------------------------------------------------------
+def _scalar_list(node: Any) -> bool:
+    if not isinstance(node, (list, tuple)) or not node or len(node) > MAX_LIST:
+        return False
+    return all(isinstance(v, (bool, int, float)) for v in node) or all(
+        isinstance(v, str) for v in node
+    )
+
+
+def _contiguous(size: tuple[int, ...], stride: tuple[int, ...], order: str) -> bool:
+    dims = list(zip(size, stride, strict=True))
+    if order == "C":
+        dims.reverse()
+    expect = 1
+    for n, s in dims:
+        if n != 1 and s != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _disk_dtype(dtype: str, big_endian: bool) -> str | None:
+    if not big_endian:
+        return None
+    dt = np_dtype(dtype)
+    return dt.newbyteorder(">").str if dt.itemsize > 1 else None
+
+
+def tensor_var(name: str, t: TensorRef, record: tuple[int, int] | None, path: str,
+               big_endian: bool = False) -> VarInfo:  # fmt: skip
+    """A torch tensor's VarInfo: a Span when the view is contiguous, else a strided locator."""
+    attrs = {"storage_offset": t.storage_offset, "stride": t.stride}
+    if t.requires_grad:
+        attrs["requires_grad"] = True
+    if t.is_parameter:
+        attrs["parameter"] = True
+    var = VarInfo(name, t.dtype, t.size, attrs=attrs)
+    if t.array is not None:
+        return array_var(name, t.array, path)
+    try:
+        dt = np_dtype(t.dtype)
+    except TypeError:
+        var.error = f"dtype {t.dtype} is not supported"
+        return var
+    var.nbytes = var.numel * dt.itemsize
+    st = t.storage
+    if st is None:
+        var.error = "tensor without storage (meta tensor)"
+        return var
+    attrs.update(storage=st.key, storage_nbytes=st.nbytes)
+    if record is None:
+        var.error = f"storage record {st.key} missing"
+        return var
+    rec_offset, rec_size = record
+    storage_bytes = st.nbytes
+    if rec_size < storage_bytes:
+        var.error = f"storage {st.key} holds {rec_size} bytes, needs {storage_bytes}"
+        return var
+    if len(t.stride) != len(t.size) or min(t.stride, default=0) < 0 or t.storage_offset < 0:
+        var.error = "tensor with an invalid stride or offset"
+        return var
+    if var.numel:
+        last = t.storage_offset + sum((n - 1) * s for n, s in zip(t.size, t.stride, strict=True))
+        if (last + 1) * dt.itemsize > storage_bytes:
+            var.error = f"view reaches element {last} beyond storage {st.key}"
+            return var
+    start = rec_offset + t.storage_offset * dt.itemsize
+    disk = _disk_dtype(t.dtype, big_endian)
+    native = disk is not None or not big_endian
+    for order in ("C", "F"):
+        if native and _contiguous(t.size, t.stride, order):
+            var.span = Span(path, start, var.nbytes, order=order, disk_dtype=disk)
+            return var
+    var.locator = ("strided", rec_offset, t.storage_offset, t.size, t.stride, big_endian)
+    return var
+
+
+def array_var(name: str, a: ArrayRef, path: str) -> VarInfo:
+    """A pickled numpy array's VarInfo (a Span when its bytes are a raw file range)."""
+    if a.dtype is None:
+        return VarInfo(name, "object", (), error="numpy array without a dtype")
+    dtype = dtype_name(a.dtype)
+    var = VarInfo(name, dtype, a.shape, attrs={"numpy": True})
+    if a.dtype.hasobject:
+        var.nbytes = 0
+        var.locator = ("array", a)
+        return var
+    var.nbytes = a.nbytes
+    data = a.data
+    have = len(data) if data is not None else 0
+    if isinstance(data, LazyBytes) and data.transform is None and data.blob is not None:
+        if have < a.nbytes:
+            var.error = f"array data holds {have} bytes, needs {a.nbytes}"
+            return var
+        order = "F" if a.fortran_order else "C"
+        disk = a.dtype.str if a.dtype.byteorder not in ("=", "|") else None
+        if a.dtype.kind == "V" or (disk and disk[0] == ("<" if sys.byteorder == "little" else ">")):
+            disk = None
+        var.span = Span(data.blob.path, data.offset, a.nbytes, order=order, disk_dtype=disk)
+        return var
+    if not isinstance(data, LazyBytes) and have < a.nbytes:
+        var.error = f"array data holds {have} bytes, needs {a.nbytes}"
+        return var
+    var.locator = ("array", a)
+    return var
+
+
+def value_var(name: str, value: Any) -> VarInfo | None:
+    """A non-tensor leaf: numbers as 0-d, lists of numbers as 1-d, strings as object."""
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, str) for v in value):
+            return VarInfo(name, "object", (len(value),), nbytes=0, locator=("value", list(value)))
+        arr = np.asarray(value)
+        if arr.dtype == object or arr.ndim != 1:
+            return None
+    elif isinstance(value, (bool, int, float, complex, np.generic)):
+        arr = np.asarray(value)
+        if arr.dtype == object:
+            return VarInfo(name, "object", (), nbytes=0, locator=("value", value))
+    elif isinstance(value, (str, bytes)):
+        return VarInfo(name, "object", (), nbytes=0, locator=("value", value))
+    elif isinstance(value, Record):
+        return VarInfo(name, "object", (), nbytes=0, locator=("value", repr(value)))
+    else:
+        return None
+    return VarInfo(
+        name, dtype_name(arr.dtype), arr.shape, nbytes=arr.nbytes, locator=("value", arr)
+    )
+
+
+def leaves(obj: Any) -> list[tuple[str, Any]]:
+    """Flattened leaves, lists of plain scalars kept whole."""
+    return flatten(obj, keep=_scalar_list)
+
+
+def leaf_var(name: str, leaf: Any, blob: Blob, records: dict, big_endian: bool) -> VarInfo | None:
+    if isinstance(leaf, TensorRef):
+        rec = records.get(leaf.storage.key) if leaf.storage is not None else None
+        return tensor_var(name, leaf, rec, blob.path, big_endian)
+    if isinstance(leaf, StorageRef):
+        t = TensorRef(leaf, 0, (leaf.numel,), (1,), leaf.dtype)
+        return tensor_var(name, t, records.get(leaf.key), blob.path, big_endian)
+    if isinstance(leaf, ArrayRef):
+        return array_var(name, leaf, blob.path)
+    return value_var(name, leaf)
+
+
+def read_locator(blob: Blob, var: VarInfo) -> np.ndarray:
+    """Values of a variable without a Span (strided views, in-memory arrays, plain values)."""
+    loc = var.locator
+    kind = loc[0] if isinstance(loc, tuple) else None
+    if kind == "value":
+        value = loc[1]
+        if var.dtype == "object":
+            out = np.empty(var.shape, dtype=object)
+            out[...] = value if var.shape == () else np.array(value, dtype=object)
+            return out
+        return np.asarray(value)
+    if kind == "array":
+        return loc[1].read(blob)
+    if kind == "strided":
+        _, rec_offset, offset, size, stride, big_endian = loc
+        dt = np_dtype(var.dtype)
+        if var.numel == 0:
+            return np.empty(size, dtype=dt)
+        span = 1 + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+        raw = blob.read(rec_offset + offset * dt.itemsize, span * dt.itemsize)
+        flat = _decode(raw, dt, big_endian)
+        strides = [s * dt.itemsize for s in stride]
+        return np.lib.stride_tricks.as_strided(flat, shape=size, strides=strides).copy()
+    raise ValueError(f"{var.name}: no locator to read")
+
+
+def _decode(raw: bytes, dt: np.dtype, big_endian: bool) -> np.ndarray:
+    if not big_endian or dt.itemsize == 1:
+        return np.frombuffer(raw, dtype=dt)
+    if dt.kind in "biufc":
+        return np.frombuffer(raw, dtype=dt.newbyteorder(">")).astype(dt)
+    swapped = np.frombuffer(raw, dtype=f">u{dt.itemsize}").astype(f"<u{dt.itemsize}")
+    return swapped.view(dt)
+
+
+# -- the codec --------------------------------------------------------------------------------
+class TorchCodec(Codec):
+    """``torch.save`` files: zip (``<prefix>/data.pkl`` + ``data/<key>``) or legacy pickles."""
+
+    name = "torch"
+    priority = 30
+
+    def guess_can_open(self, filename: str, head: bytes) -> bool:
+        if head.startswith(LEGACY_MAGIC):
+            return True
+        if not head.startswith(ZIP_MAGIC) or len(head) < 30:
+            return False
+        nlen = struct.unpack("<H", head[26:28])[0]
+        first = head[30 : 30 + nlen]
+        return first.endswith(b"/data.pkl") or filename.lower().endswith(SUFFIXES)
+
+    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+        head = blob.head()
+        if head.startswith(LEGACY_MAGIC):
+            return self._list_legacy(blob)
+        return self._list_zip(blob)
+
+    def _list_zip(self, blob: Blob) -> list[VarInfo]:
+        entries = zip_entries(blob)
+        if not entries:
+            raise ValueError("empty zip archive")
+        prefix = next(iter(entries)).split("/", 1)[0]
+        pkl = f"{prefix}/data.pkl"
+        if pkl not in entries:
+            raise ValueError(f"no {pkl} in the archive (not a torch.save file)")
+        wanted = [pkl, f"{prefix}/byteorder"]
+        wanted += [n for n in entries if n.startswith(f"{prefix}/data/")]
+        found = payload_offsets(blob, entries, wanted)
+        big_endian = False
+        if f"{prefix}/byteorder" in found:
+            at, n = found[f"{prefix}/byteorder"]
+            big_endian = blob.read(at, min(n, 16)).strip() == b"big"
+        at, n = found[pkl]
+        obj = Unpickler(blob, offset=at, end=at + n, persistent_load=torch_persistent_load).load()
+        skip = len(prefix) + 6
+        records = {k[skip:]: v for k, v in found.items() if k.startswith(f"{prefix}/data/")}
+        return self._variables(obj, blob, records, big_endian)
+
+    def _list_legacy(self, blob: Blob) -> list[VarInfo]:
+        views: list[Any] = []
+
+        def persistent_load(pid: Any) -> StorageRef:
+            if isinstance(pid, tuple) and len(pid) > 5 and pid[5] is not None:
+                views.append(pid)
+            return torch_persistent_load(pid)
+
+        u = Unpickler(blob, persistent_load=persistent_load)
+        u.load()  # magic number
+        protocol = u.load()
+        sys_info = u.load()
+        if protocol != 1001:
+            raise ValueError(f"legacy torch file with protocol version {protocol!r}")
+        if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
+            raise ValueError("big-endian legacy torch files are not supported")
+        obj = u.load()
+        if views:
+            raise ValueError("pre-0.4 storage views in a legacy torch file are not supported")
+        storages = {
+            leaf.storage.key: leaf.storage
+            for _, leaf in leaves(obj)
+            if isinstance(leaf, TensorRef) and leaf.storage is not None
+        }
+        storages.update({s.key: s for _, s in leaves(obj) if isinstance(s, StorageRef)})
+        records: dict[str, tuple[int, int]] = {}
+        variables_error = None
+        try:
+            keys = u.load()
+            if not isinstance(keys, list):
+                raise ValueError("legacy storage key list missing")
+            records = self._legacy_records(blob, u.pos, keys, storages)
+        except (TruncatedError, ValueError, EOFError) as e:
+            variables_error = f"legacy storage table: {e}"
+        variables = self._variables(obj, blob, records, False)
+        if variables_error:
+            raise PartialRead(variables, variables_error)
+        return variables
+
+    def _legacy_records(self, blob: Blob, pos: int, keys: list, storages: dict) -> dict:
+        records, ranges = {}, []
+        for key in keys:
+            st = storages.get(str(key))
+            if st is None:
+                raise ValueError(f"storage {key} listed but never referenced")
+            ranges.append((pos, pos + 8))
+            records[str(key)] = (pos + 8, st.nbytes)
+            pos += 8 + st.nbytes
+            if pos > blob.size:
+                raise TruncatedError(f"storage {key} ends at {pos}, beyond {blob.size} bytes")
+        counts = blob.storage.read_ranges(blob.path, ranges)
+        for key, raw in zip(keys, counts, strict=True):
+            (count,) = struct.unpack("<q", raw)
+            if count != storages[str(key)].numel:
+                raise ValueError(f"storage {key}: table says {count} elements, pickle says "
+                                 f"{storages[str(key)].numel}")  # fmt: skip
+        return records
+
+    def _variables(self, obj: Any, blob: Blob, records: dict, big_endian: bool) -> list[VarInfo]:
+        out = []
+        for name, leaf in leaves(obj):
+            var = leaf_var(name, leaf, blob, records, big_endian)
+            if var is not None:
+                out.append(var)
+        return out
+
+    def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
+        if var.span is not None:
+            return super().read(blob, var)
+        return read_locator(blob, var)

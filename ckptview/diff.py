@@ -1,0 +1,233 @@
+"""Numeric diff of two serials (of one tree, or of two trees in any formats), streamed.
+
+Both sides are read as flat chunks (each codec picks its own boundaries) and re-chunked into
+aligned pairs, so peak memory is a few chunks per variable in flight, whatever the size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .stats import CHUNK_BYTES, _executor, bounded_map, resolve_serial
+
+DIFF_COLUMNS = [
+    "node", "name", "status", "dtype_a", "dtype_b", "shape_a", "shape_b", "numel",
+    "max_abs", "l2", "rel_l2", "cosine", "norm_a", "norm_b", "n_changed", "error",
+]  # fmt: skip
+STATUSES = ("identical", "changed", "added", "removed", "shape_changed", "dtype_changed", "error")
+
+
+def aligned(chunks_a: Iterable[np.ndarray],
+            chunks_b: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
+    """Pairs of equally long flat pieces from two streams cut at different boundaries."""
+    it_a, it_b = iter(chunks_a), iter(chunks_b)
+    a = b = np.empty(0)
+    ia = ib = 0
+    while True:
+        while ia >= len(a):
+            a = next(it_a, None)
+            if a is None:
+                break
+            a, ia = np.asarray(a).reshape(-1), 0
+        while ib >= len(b):
+            b = next(it_b, None)
+            if b is None:
+                break
+            b, ib = np.asarray(b).reshape(-1), 0
+        if a is None or b is None:
+            if a is not None or b is not None:
+                raise ValueError("the two sides hold different numbers of values")
+            return
+        n = min(len(a) - ia, len(b) - ib)
+        yield a[ia : ia + n], b[ib : ib + n]
+        ia += n
+        ib += n
+
+
+def _wide(x: np.ndarray, complex_: bool) -> np.ndarray:
+    if complex_:
+        return x.astype(np.complex128)
+    return x.astype(np.float64)
+
+
+@dataclass
+class DiffAccumulator:
+    """Streaming max|b-a|, ‖b-a‖², ‖a‖², ‖b‖², <a,b> and the count of differing values."""
+
+    max_abs: float = 0.0
+    d2: float = 0.0
+    a2: float = 0.0
+    b2: float = 0.0
+    ab: float = 0.0
+    n: int = 0
+    n_changed: int = 0
+
+    def add(self, xa: np.ndarray, xb: np.ndarray) -> None:
+        self.n += xa.size
+        if xa.size == 0:
+            return
+        exact = xa.dtype == xb.dtype and xa.dtype.kind in "iub"
+        complex_ = xa.dtype.kind == "c" or xb.dtype.kind == "c"
+        a, b = _wide(xa, complex_), _wide(xb, complex_)
+        same = (xa == xb) if exact else (a == b) | (np.isnan(a) & np.isnan(b))
+        self.n_changed += int(same.size - np.count_nonzero(same))
+        d = b - a
+        d[same] = 0  # equal NaNs / infs are no difference
+        del same
+        self.a2 += float(np.vdot(a, a).real)
+        self.b2 += float(np.vdot(b, b).real)
+        self.ab += float(np.vdot(a, b).real)
+        del a, b
+        self.d2 += float(np.vdot(d, d).real)
+        d = np.abs(d)
+        self.max_abs = max(self.max_abs, float(d.max())) if not np.isnan(d).any() else math.nan
+
+    def result(self) -> dict:
+        norm_a, norm_b, l2 = math.sqrt(self.a2), math.sqrt(self.b2), math.sqrt(self.d2)
+        rel = l2 / norm_a if norm_a else 0.0 if l2 == 0 else math.inf
+        denom = norm_a * norm_b
+        return {"max_abs": self.max_abs if self.n else math.nan, "l2": l2, "rel_l2": rel,
+                "cosine": self.ab / denom if denom else math.nan, "norm_a": norm_a,
+                "norm_b": norm_b, "n_changed": self.n_changed}  # fmt: skip
+
+
+@dataclass
+class Side:
+    """One variable on one side of a diff."""
+
+    cat: object
+    serial: int
+    node: str
+    name: str
+    dtype: str
+    shape: tuple
+    numel: int
+    error: str | None
+
+
+def _empty_metrics() -> dict:
+    return {"max_abs": math.nan, "l2": math.nan, "rel_l2": math.nan, "cosine": math.nan,
+            "norm_a": math.nan, "norm_b": math.nan, "n_changed": pd.NA}  # fmt: skip
+
+
+def compare(a: Side | None, b: Side | None, chunk_bytes: int = CHUNK_BYTES,
+            progress: Callable[[int], None] | None = None) -> dict:  # fmt: skip
+    """One diff row."""
+    ref = a or b
+    row = {"node": ref.node, "name": ref.name, "dtype_a": a.dtype if a else None,
+           "dtype_b": b.dtype if b else None, "shape_a": a.shape if a else None,
+           "shape_b": b.shape if b else None, "numel": ref.numel, "error": None,
+           **_empty_metrics()}  # fmt: skip
+    if a is None or b is None:
+        row["status"] = "added" if a is None else "removed"
+        return row
+    errors = [f"{s}: {x.error}" for s, x in (("a", a), ("b", b)) if x.error]
+    if errors:
+        return {**row, "status": "error", "error": "; ".join(errors)}
+    if tuple(a.shape) != tuple(b.shape):
+        return {**row, "status": "shape_changed"}
+    status = "dtype_changed" if a.dtype != b.dtype else None
+    try:
+        if "object" in (a.dtype, b.dtype):
+            same = _objects_equal(a, b)
+            return {**row, "status": status or ("identical" if same else "changed")}
+        acc = DiffAccumulator()
+        stream_a = a.cat.iter_chunks(a.name, a.serial, a.node, chunk_bytes)
+        stream_b = b.cat.iter_chunks(b.name, b.serial, b.node, chunk_bytes)
+        for xa, xb in aligned(stream_a, stream_b):
+            acc.add(xa, xb)
+            if progress:
+                progress(xa.nbytes + xb.nbytes)
+        row.update(acc.result())
+        row["status"] = status or ("identical" if acc.n_changed == 0 else "changed")
+        return row
+    except Exception as e:  # noqa: BLE001 - a bad variable is an error row
+        return {**row, "status": "error", "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def _objects_equal(a: Side, b: Side) -> bool:
+    va = a.cat.read(a.name, a.serial, a.node)
+    vb = b.cat.read(b.name, b.serial, b.node)
+    try:
+        return bool(np.array_equal(np.asarray(va), np.asarray(vb)))
+    except Exception:  # noqa: BLE001 - incomparable objects differ
+        return repr(va) == repr(vb)
+
+
+def _sides(cat, serial: int, names: set[str] | None) -> dict[tuple[str, str], Side]:
+    df = cat.variables
+    df = df[df["serial"] == serial]
+    if names is not None:
+        df = df[df["name"].isin(names)]
+    return {
+        (r.node, r.name): Side(
+            cat, serial, r.node, r.name, r.dtype, tuple(r.shape), r.numel, r.error
+        )  # fmt: skip
+        for r in df.itertuples(index=False)
+    }
+
+
+def pair(left: dict, right: dict, match: str = "auto") -> list[tuple[Side | None, Side | None]]:
+    """Exact (node, name) pairs; with ``match="auto"`` leftovers whose name is unique on
+    both sides pair across nodes (a per-node tree against a flat export)."""
+    pairs = [(left[k], right.get(k)) for k in left]
+    rest = [k for k in right if k not in left]
+    if match == "auto":
+        lone_a = [k for k, (_, b) in zip(left, pairs) if b is None]
+        by_name_a = _unique_by_name(lone_a)
+        by_name_b = _unique_by_name(rest)
+        for name, ka in by_name_a.items():
+            kb = by_name_b.get(name)
+            if kb is not None:
+                i = list(left).index(ka)
+                pairs[i] = (left[ka], right[kb])
+                rest.remove(kb)
+    elif match != "exact":
+        raise ValueError(f"match must be 'exact' or 'auto', not {match!r}")
+    return pairs + [(None, right[k]) for k in rest]
+
+
+def _unique_by_name(keys: list[tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    seen: dict[str, list] = {}
+    for k in keys:
+        seen.setdefault(k[1], []).append(k)
+    return {name: ks[0] for name, ks in seen.items() if len(ks) == 1}
+
+
+def diff(cat, a: int | None, b: int | None, other=None, names: Iterable[str] | None = None,
+         match: str = "auto", rename: Callable[[str], str] | dict | None = None,
+         chunk_bytes: int = CHUNK_BYTES,
+         progress: Callable[[int], None] | None = None) -> pd.DataFrame:  # fmt: skip
+    """One row per (node, name) in either serial; see DESIGN.md §3 for the columns.
+
+    ``other`` is a second Catalog (``b`` is then its serial); ``rename`` maps the b side's
+    names onto a's (a dict or a function) before pairing.
+    """
+    other = cat if other is None else other
+    a = resolve_serial(cat, a)
+    b = resolve_serial(other, b)
+    wanted = None if names is None else ({names} if isinstance(names, str) else set(names))
+    left = _sides(cat, a, wanted)
+    right = _sides(other, b, None)
+    if rename is not None:
+        fn = rename.get if isinstance(rename, dict) else rename
+        right = {(k[0], (fn(k[1]) if not isinstance(rename, dict) else fn(k[1], k[1]))): v
+                 for k, v in right.items()}  # fmt: skip
+    if wanted is not None:
+        right = {k: v for k, v in right.items() if k[1] in wanted}
+    pairs = pair(left, right, match)
+    jobs = [(x, y, chunk_bytes, progress) for x, y in pairs]
+    rows = list(bounded_map(compare, jobs, _executor(cat)))
+    for (x, y), row in zip(pairs, rows):
+        if y is not None and x is not None and y.name != x.name:
+            row["name"] = x.name
+    df = pd.DataFrame(rows, columns=DIFF_COLUMNS)
+    df["n_changed"] = df["n_changed"].astype("Int64")
+    df["numel"] = df["numel"].astype("int64")
+    df.attrs.update({"a": a, "b": b})
+    return df.sort_values(["node", "name"], kind="stable").reset_index(drop=True)

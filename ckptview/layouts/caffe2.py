@@ -1,0 +1,124 @@
+"""Caffe2 CheckpointManager trees: ``<db_prefix>/<node>.<epoch>`` minidb files (specs/caffe2.md).
+
+The node name may hold dots and colons; the epoch is the digits after the last dot. Open-source
+Caffe2 has no metadata file (the metadata handler was Facebook-internal), so an epoch is complete
+when every node of the tree has a file for it and each parses completely; the latest is the
+largest complete epoch (the catalog derives both from file errors).
+
+A directory of loose ``.minidb`` files (predictor exports, ad-hoc ``Save`` ops) is one serial 0
+holding every file below it that the codec recognizes, each named after its relative path.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from ..codecs.caffe2 import sniff
+from ..model import FileRef, SerialInfo, TreeScan
+from ..tree import Tree
+from .base import Layout
+from .files import SKIP_SUFFIXES
+
+_NAME = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
+MAX_SNIFFS = 3  # files sniffed per node before giving up on it
+
+
+def parse_name(filename: str) -> tuple[str, int] | None:
+    """``trainer:0.12`` -> ("trainer:0", 12); None when the name is not ``<node>.<epoch>``."""
+    m = _NAME.match(filename)
+    return (m["node"], int(m["epoch"])) if m else None
+
+
+class Caffe2Layout(Layout):
+    """MultiNodeCheckpointManager / CheckpointManager output with db_type minidb."""
+
+    name = "caffe2"
+    priority = 60  # needs a peek at file heads: after layouts that decide on names alone
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        return bool(self._nodes(tree, first_only=True)) or self._loose(tree)
+
+    def _loose(self, tree: Tree) -> bool:
+        return any(rel.lower().endswith(".minidb") for rel in tree.files(depth=1))
+
+    def _candidates(self, tree: Tree) -> dict[str, dict[int, str]]:
+        """node -> epoch -> relative path, for every ``<node>.<epoch>`` file in the root."""
+        found: dict[str, dict[int, str]] = {}
+        for rel in tree.files(depth=1):
+            parsed = parse_name(posixpath.basename(rel))
+            if parsed:
+                found.setdefault(parsed[0], {})[parsed[1]] = rel
+        return found
+
+    def _nodes(self, tree: Tree, first_only: bool = False) -> dict[str, dict[int, str]]:
+        """The candidate nodes whose files are minidb (one sniffed file is enough)."""
+        candidates = self._candidates(tree)
+        accepted: dict[str, dict[int, str]] = {}
+        empty_only = {}
+        for node, files in candidates.items():
+            sized = [rel for _e, rel in sorted(files.items(), reverse=True) if tree.size(rel)]
+            if not sized:
+                empty_only[node] = files
+                continue
+            if any(_sniff(tree, rel) for rel in sized[:MAX_SNIFFS]):
+                accepted[node] = files
+                if first_only:
+                    return accepted
+        if accepted:  # nodes whose files are all empty: crashed saves of this job
+            accepted.update(empty_only)
+        return accepted
+
+    def scan(self, tree: Tree) -> TreeScan:
+        nodes = self._nodes(tree)
+        if not nodes:
+            return self._scan_loose(tree)
+        epochs = sorted({e for files in nodes.values() for e in files})
+        serials = []
+        for epoch in epochs:
+            present = sorted(n for n, files in nodes.items() if epoch in files)
+            missing = sorted(set(nodes) - set(present))
+            refs = [
+                FileRef(
+                    tree.abs(nodes[n][epoch]),
+                    node=n,
+                    codec="caffe2",
+                    size=tree.size(nodes[n][epoch]),
+                    hints={"epoch": epoch},
+                )  # fmt: skip
+                for n in present
+            ]
+            serials.append(
+                SerialInfo(
+                    serial=epoch,
+                    path=refs[0].path,  # the first node's file: the serial's main file
+                    files=refs,
+                    complete=False if missing else None,
+                    epoch=epoch,
+                    nodes=tuple(present),
+                    error=f"no file for node(s) {', '.join(missing)}" if missing else None,
+                    attrs={"db_type": "minidb"},
+                )
+            )
+        return TreeScan(serials, attrs={"nodes": tuple(sorted(nodes)), "db_type": "minidb"})
+
+    def _scan_loose(self, tree: Tree) -> TreeScan:
+        """Loose minidb files: serial 0, every recognized file at any depth, path-prefixed."""
+        files = [f for f in tree.files() if not f.lower().endswith(SKIP_SUFFIXES)]
+        refs = [
+            FileRef(tree.abs(f), prefix=f, size=tree.size(f), optional=True)
+            for f in files
+            if f.lower().endswith(".minidb") or tree.size(f)
+        ]
+        taken = {r.path for r in refs}
+        others = [tree.abs(f) for f in tree.files() if tree.abs(f) not in taken]
+        serial = SerialInfo(0, tree.abs(tree.single or ""), files=refs, other_files=others)
+        return TreeScan([serial], attrs={"db_type": "minidb", "loose": True})
+
+
+def _sniff(tree: Tree, rel: str) -> bool:
+    blob = tree.blob(rel)
+    try:
+        return sniff(blob.head(), blob.size)
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,330 @@
+"""Hugging Face: Trainer output dirs (``checkpoint-N/``) and bare sharded model dirs.
+
+Trainer rules (specs/modern.md §6): ``checkpoint-N`` is complete when its
+``trainer_state.json`` parses and records ``global_step == N`` (written last, no tmp/rename);
+the Trainer resumes from ``get_last_checkpoint`` = the largest N among ``checkpoint-N`` dirs,
+whatever they hold. ``log_history`` gives the metrics (serial = step), ``best_model_checkpoint``
+and ``best_metric`` go to ``TreeScan.attrs``; ``training_args.bin`` fields (read through the
+restricted unpickler, transformers not needed) go to ``TreeScan.attrs["training_args"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import re
+from enum import Enum
+from typing import Any
+
+from ..model import FileRef, SerialInfo, TreeScan
+from ..tree import Tree
+from .base import Layout
+
+CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
+TMP_DIR = re.compile(r"^tmp-checkpoint-(\d+)$")
+SHARD = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.(?P<ext>safetensors|bin)$")
+RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+FSDP_DIR = re.compile(r"^(pytorch_model_fsdp|optimizer)_(\d+)$")
+TORCH_FILES = {
+    "optimizer.pt": ("optimizer", "optimizer"),
+    "optimizer.bin": ("optimizer", "optimizer"),
+    "scheduler.pt": ("scheduler", "scheduler"),
+    "scheduler.bin": ("scheduler", "scheduler"),
+    "scaler.pt": ("scaler", "trainer"),
+    "training_args.bin": ("training_args", "trainer"),
+}
+WEIGHT_STEMS = {"model": "model", "pytorch_model": "model", "adapter_model": "adapter"}
+WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth")
+SIMPLE = (str, int, float, bool, type(None))
+
+
+def weight_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]:
+    """Model weight files of a directory (single or sharded) and the index files consumed.
+
+    Shards listed by a ``*.index.json`` get the logical prefix of their stem (``model``), so
+    names carry no shard prefix; other weight files get the prefix of their stem.
+    """
+    prefix = rel_dir.rstrip("/") + "/" if rel_dir else ""
+    names = [posixpath.basename(f) for f in tree.files(under=rel_dir, depth=1)]
+    refs: list[FileRef] = []
+    used: list[str] = []
+    for name in names:
+        if not name.endswith(".index.json"):
+            continue
+        weights = name[: -len(".index.json")]
+        stem = weights.rsplit(".", 1)[0]
+        shards = _index_shards(tree, prefix + name)
+        if shards is None:
+            continue
+        used.append(prefix + name)
+        for shard in shards:
+            if tree.exists(prefix + shard):
+                refs.append(_weight_ref(tree, prefix + shard, WEIGHT_STEMS.get(stem, stem)))
+    claimed = {posixpath.basename(r.path) for r in refs}
+    for name in names:
+        if name in claimed or not name.endswith(WEIGHT_EXTS):
+            continue
+        stem = name.rsplit(".", 1)[0]
+        m = SHARD.match(name)
+        if m:  # a shard without (or missing from) its index: still logical names
+            stem = m["stem"]
+        if stem in WEIGHT_STEMS or m:
+            refs.append(_weight_ref(tree, prefix + name, WEIGHT_STEMS.get(stem, stem)))
+    return refs, used
+
+
+def _weight_ref(tree: Tree, rel: str, prefix: str) -> FileRef:
+    codec = "safetensors" if rel.endswith(".safetensors") else "torch"
+    return FileRef(tree.abs(rel), prefix=prefix, kind="model", codec=codec, size=tree.size(rel))
+
+
+def _index_shards(tree: Tree, rel: str) -> list[str] | None:
+    """Shard file names of a ``*.index.json`` (weight_map values), or None if unreadable."""
+    try:
+        index = json.loads(tree.read_text(rel, limit=64 << 20))
+        weight_map = index["weight_map"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(weight_map, dict):
+        return None
+    return sorted({v for v in weight_map.values() if isinstance(v, str) and "/" not in v})
+
+
+def checkpoint_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]:
+    """Every variable-holding file of one Trainer checkpoint dir, and the other files."""
+    from .dcp import dcp_refs
+    from .deepspeed import tag_refs
+
+    prefix = rel_dir.rstrip("/") + "/" if rel_dir else ""
+    refs, used = weight_refs(tree, rel_dir)
+    taken = {tree.rel(r.path) for r in refs} | set(used)
+    for rel in tree.files(under=rel_dir, depth=1):
+        name = posixpath.basename(rel)
+        if rel in taken:
+            continue
+        m = RNG.match(name)
+        if name in TORCH_FILES:
+            pre, kind = TORCH_FILES[name]
+            refs.append(FileRef(tree.abs(rel), prefix=pre, kind=kind, codec="torch", size=tree.size(rel)))
+        elif m:
+            node = f"rank{m[1]}" if m[1] is not None else ""
+            refs.append(FileRef(tree.abs(rel), node=node, prefix="rng_state", kind="rng",
+                                codec="torch", size=tree.size(rel)))  # fmt: skip
+        elif name.endswith(WEIGHT_EXTS):
+            refs.append(FileRef(tree.abs(rel), prefix=name.rsplit(".", 1)[0], size=tree.size(rel),
+                                optional=True))  # fmt: skip
+        else:
+            continue
+        taken.add(rel)
+    for sub in tree.dirs(under=rel_dir):
+        name = posixpath.basename(sub)
+        m = FSDP_DIR.match(name)
+        if m:
+            pre = "model" if m[1] == "pytorch_model_fsdp" else "optimizer"
+            refs += dcp_refs(tree, sub, prefix=pre, kind="model" if pre == "model" else "optimizer")
+        elif tree.exists(prefix + "latest") or name.startswith("global_step"):
+            refs += tag_refs(tree, sub)
+    paths = {tree.rel(r.path) for r in refs}
+    others = [f for f in tree.files(under=rel_dir) if f not in paths]
+    return refs, others
+
+
+def read_json(tree: Tree, rel: str) -> Any:
+    """A small JSON file, or None when missing or unparsable."""
+    if not tree.exists(rel):
+        return None
+    try:
+        return json.loads(tree.read_text(rel, limit=256 << 20))
+    except ValueError:
+        return None
+
+
+class HFTrainerLayout(Layout):
+    """``output_dir/checkpoint-N/`` trees written by ``transformers.Trainer``."""
+
+    name = "hf-trainer"
+    priority = 30
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        if tree.single:
+            return False
+        if any(CKPT_DIR.match(posixpath.basename(d)) for d in tree.dirs()):
+            return True
+        return tree.exists("trainer_state.json")  # the root is one checkpoint dir
+
+    def scan(self, tree: Tree) -> TreeScan:
+        dirs = {int(m[1]): d for d in tree.dirs() if (m := CKPT_DIR.match(posixpath.basename(d)))}
+        tmp = {int(m[1]): d for d in tree.dirs() if (m := TMP_DIR.match(posixpath.basename(d)))}
+        if not dirs and tree.exists("trainer_state.json"):
+            return self._scan_one(tree)
+        serials, states = [], {}
+        for n in sorted(dirs.keys() | tmp.keys()):
+            info, state = self._serial(tree, n, dirs.get(n) or tmp[n], staged=n not in dirs)
+            serials.append(info)
+            if state is not None:
+                states[n] = state
+        latest = max(dirs) if dirs else None
+        if not any(s.complete for s in serials):
+            latest = None
+        scan = TreeScan(serials, latest=latest, latest_rule=True)
+        scan.metrics = log_metrics(states)
+        scan.attrs = tree_attrs(tree, states, dirs, serials)
+        if tmp.keys() & dirs.keys():
+            scan.attrs["stale_tmp_dirs"] = [tmp[n] for n in sorted(tmp.keys() & dirs.keys())]
+        return scan
+
+    def _serial(self, tree: Tree, n: int, rel: str, staged: bool = False):
+        refs, others = checkpoint_refs(tree, rel)
+        state = read_json(tree, f"{rel}/trainer_state.json")
+        info = SerialInfo(n, tree.abs(rel), files=refs, other_files=[tree.abs(o) for o in others])
+        if not isinstance(state, dict):
+            info.complete = False
+            info.error = "no readable trainer_state.json (save interrupted?)"
+            state = None
+        else:
+            step = state.get("global_step")
+            info.step = step if isinstance(step, int) else None
+            epoch = state.get("epoch")
+            if isinstance(epoch, (int, float)) and math.isfinite(epoch):
+                info.epoch = int(math.floor(epoch))
+                info.attrs["epoch"] = float(epoch)
+            info.complete = step == n and not staged
+            if step != n:
+                info.error = f"trainer_state.json global_step {step} != {n}"
+        if staged:
+            info.complete = False
+            info.error = "tmp-checkpoint dir: a staged save that was never renamed"
+        missing = [m for m in ("optimizer", "scheduler", "rng_state") if not _has(refs, m)]
+        if not any(r.kind == "model" for r in refs):
+            missing.insert(0, "model weights")
+        if missing:
+            info.attrs["missing"] = missing
+        return info, state
+
+    def _scan_one(self, tree: Tree) -> TreeScan:
+        state = read_json(tree, "trainer_state.json")
+        name = posixpath.basename(tree.root)
+        m = CKPT_DIR.match(name)
+        step = state.get("global_step") if isinstance(state, dict) else None
+        n = int(m[1]) if m else step if isinstance(step, int) else 0
+        info, state = self._serial(tree, n, "")
+        if not m and isinstance(step, int) and info.error and "!=" in info.error:
+            info.complete, info.error = True, None  # a renamed dir: no N to compare with
+        states = {n: state} if state is not None else {}
+        scan = TreeScan([info], latest=n if info.complete else None, latest_rule=True)
+        scan.metrics = log_metrics(states)
+        scan.attrs = tree_attrs(tree, states, {n: ""}, [info])
+        return scan
+
+
+def _has(refs: list[FileRef], prefix: str) -> bool:
+    return any(r.prefix == prefix for r in refs)
+
+
+def log_metrics(states: dict[int, dict]) -> list[tuple[int, str, float]]:
+    """``log_history`` rows of every trainer_state.json as (step, name, value), newest wins."""
+    found: dict[tuple[int, str], float] = {}
+    for _n, state in sorted(states.items()):
+        history = state.get("log_history")
+        if not isinstance(history, list):
+            continue
+        for row in history:
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                continue
+            for key, value in row.items():
+                if key in ("step", "epoch") or isinstance(value, bool):
+                    continue
+                if isinstance(value, (int, float)):
+                    found[(row["step"], key)] = float(value)
+    return [(step, key, value) for (step, key), value in sorted(found.items())]
+
+
+def tree_attrs(tree: Tree, states: dict[int, dict], dirs: dict[int, str],
+               serials: list[SerialInfo]) -> dict:  # fmt: skip
+    """Best checkpoint and metric (from the newest trainer_state.json) and training args."""
+    attrs: dict = {}
+    if states:
+        newest = states[max(states)]
+        for key in ("best_model_checkpoint", "best_metric", "best_global_step"):
+            if newest.get(key) is not None:
+                attrs[key] = newest[key]
+        best = newest.get("best_model_checkpoint")
+        if isinstance(best, str):
+            m = CKPT_DIR.match(posixpath.basename(best.rstrip("/")))
+            if m:
+                attrs["best_serial"] = int(m[1])
+    complete = [s for s in serials if s.complete]
+    if complete:
+        rel = tree.rel(complete[-1].path)
+        args = training_args(tree, f"{rel}/training_args.bin" if rel else "training_args.bin")
+        if args:
+            attrs["training_args"] = args
+            for key in ("save_total_limit", "metric_for_best_model", "greater_is_better"):
+                if key in args:
+                    attrs[key] = args[key]
+    return attrs
+
+
+def training_args(tree: Tree, rel: str) -> dict | None:
+    """Simple fields of a pickled TrainingArguments (through the restricted unpickler)."""
+    if not tree.exists(rel):
+        return None
+    try:
+        obj = load_torch_pickle(tree.blob(rel))
+        fields = obj.fields() if hasattr(obj, "fields") else obj
+    except Exception:  # noqa: BLE001 - optional extra: a bad file only loses the attrs
+        return None
+    if not isinstance(fields, dict):
+        return None
+    return {str(k): plain(v) for k, v in fields.items() if plain(v) is not _SKIP}
+
+
+_SKIP = object()
+
+
+def plain(value: Any) -> Any:
+    """A JSON-able version of a pickled field (enums to their value), else _SKIP."""
+    if isinstance(value, SIMPLE):
+        return value
+    if isinstance(value, Enum):
+        return value.value
+    inner = getattr(value, "args", None)
+    if hasattr(value, "cls") and isinstance(inner, tuple) and len(inner) == 1:
+        return inner[0] if isinstance(inner[0], SIMPLE) else _SKIP
+    if isinstance(value, (list, tuple)) and all(isinstance(v, SIMPLE) for v in value):
+        return list(value)
+    return _SKIP
+
+
+def load_torch_pickle(blob) -> Any:
+    """The object of a torch zip file's ``data.pkl`` (storages stay unread references)."""
+    from .lightning import torch_object
+
+    return torch_object(blob)
+
+
+class SafetensorsShardedLayout(Layout):
+    """A bare sharded model dir: ``*.safetensors.index.json`` + its shards, one serial 0."""
+
+    name = "safetensors-sharded"
+    priority = 450
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        return not tree.single and any(
+            f.endswith((".safetensors.index.json", ".bin.index.json")) for f in tree.files(depth=1)
+        )
+
+    def scan(self, tree: Tree) -> TreeScan:
+        refs, _used = weight_refs(tree, "")
+        for ref in refs:
+            ref.prefix = ""  # a bare model: the logical names themselves
+        paths = {tree.rel(r.path) for r in refs}
+        others = [tree.abs(f) for f in tree.files(depth=1) if f not in paths]
+        info = SerialInfo(0, tree.abs(""), files=refs, other_files=others)
+        meta = {}
+        for f in _used:
+            index = read_json(tree, f)
+            if isinstance(index, dict) and isinstance(index.get("metadata"), dict):
+                meta.update(index["metadata"])
+        return TreeScan([info], attrs={"metadata": meta} if meta else {})

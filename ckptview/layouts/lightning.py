@@ -1,0 +1,308 @@
+"""PyTorch Lightning ``ModelCheckpoint`` trees (specs/modern.md §7).
+
+Every ``*.ckpt`` is one serial, numbered by its global step: from the file name
+(``epoch=1-step=200.ckpt``, ``…-v1.ckpt``) or, for names without ``step=``, from the
+``global_step`` stored in the file. ``last.ckpt`` / ``last-vN.ckpt`` are aliases of the serial
+whose step they hold (a serial of their own only when no other file has that step); Lightning
+resumes (``ckpt_path="last"``) from the newest ``last*.ckpt``, else we take the largest step.
+Files are written atomically, so a file that parses is complete. Metrics: the
+ModelCheckpoint callback state (``best_k_models`` scores under the monitor's name) and
+CSVLogger ``metrics.csv`` rows (logged at global step - 1); ``hparams.yaml`` goes to attrs.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import posixpath
+import re
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from ..codecs.numpy import _payload_offset
+from ..dtypes import np_dtype
+from ..io import Blob
+from ..model import FileRef, SerialInfo, TreeScan
+from ..tree import Tree
+from ..unpickle import Record, StorageRef, TensorRef, Unpickler, torch_persistent_load
+from .base import Layout
+
+LAST = re.compile(r"^last(?:-v(\d+))?\.ckpt$")
+STEP = re.compile(r"(?<![A-Za-z0-9_])step=(\d+)")
+GLOBAL_STEP = re.compile(r"global_step=(\d+)")
+EPOCH = re.compile(r"(?<![A-Za-z0-9_])epoch=(\d+)")
+VERSION = re.compile(r"-v(\d+)\.ckpt$")
+MAX_PICKLE = 256 << 20
+
+
+# -- peeking into torch files (the pickle only; tensors stay unread) ---------------------------
+class TorchPeek:
+    """The unpickled object of a torch file and a reader for its small scalar tensors."""
+
+    def __init__(self, blob: Blob):
+        self.blob = blob
+        self.records: dict[str, tuple[int, int]] = {}  # storage key -> (offset, length)
+        self.obj = self._load()
+
+    def _load(self) -> Any:
+        head = self.blob.head(16)
+        if head.startswith(b"PK\x03\x04"):
+            return self._load_zip()
+        unp = Unpickler(self.blob, persistent_load=_legacy_pid)
+        for _ in range(3):  # magic number, protocol version, sys info
+            unp.load()
+            unp = Unpickler(self.blob, offset=unp.pos, persistent_load=_legacy_pid)
+        return unp.load()
+
+    def _load_zip(self) -> Any:
+        with self.blob.open() as f:
+            infos = zipfile.ZipFile(f).infolist()
+        if not infos:
+            raise ValueError("empty zip")
+        root = infos[0].filename.split("/", 1)[0]
+        pkl = None
+        for info in infos:
+            if info.filename == f"{root}/data.pkl":
+                pkl = info
+            elif info.filename.startswith(f"{root}/data/") and info.compress_type == 0:
+                key = info.filename[len(root) + 6 :]
+                self.records[key] = (_payload_offset(self.blob, info), info.file_size)
+        if pkl is None or pkl.compress_type != 0 or pkl.file_size > MAX_PICKLE:
+            raise ValueError("no stored data.pkl record")
+        start = _payload_offset(self.blob, pkl)
+        unp = Unpickler(self.blob, offset=start, end=start + pkl.file_size,
+                        persistent_load=torch_persistent_load)  # fmt: skip
+        return unp.load()
+
+    def scalar(self, value: Any) -> float | None:
+        """A number, or the value of a one-element tensor (one small ranged read)."""
+        if isinstance(value, bool):
+            return float(value)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if not isinstance(value, TensorRef) or value.numel != 1:
+            return None
+        storage = value.storage
+        if not isinstance(storage, StorageRef) or storage.key not in self.records:
+            return None
+        dt = np_dtype(value.dtype)
+        offset, length = self.records[storage.key]
+        at = value.storage_offset * dt.itemsize
+        if at + dt.itemsize > length:
+            return None
+        raw = self.blob.read(offset + at, dt.itemsize)
+        return float(np.frombuffer(raw, dtype=dt)[0])
+
+
+def _legacy_pid(pid: Any) -> Any:
+    """Legacy-format storage ids carry a sixth (view) element; the storage itself is the same."""
+    if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+        return torch_persistent_load(tuple(pid[:5]))
+    return torch_persistent_load(pid)
+
+
+def torch_object(blob: Blob) -> Any:
+    """The object a torch file holds, tensors as unread references."""
+    return TorchPeek(blob).obj
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# -- the layout -------------------------------------------------------------------------------
+class LightningLayout(Layout):
+    """``ModelCheckpoint`` output (``…/checkpoints/*.ckpt``), anywhere below the root."""
+
+    name = "lightning"
+    priority = 40
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        for rel in self._ckpts(tree):
+            name = posixpath.basename(rel)
+            parent = posixpath.basename(posixpath.dirname(rel))
+            if LAST.match(name) or "=" in name or parent == "checkpoints":
+                return True
+        return False
+
+    def _ckpts(self, tree: Tree) -> list[str]:
+        return [f for f in tree.files() if f.endswith(".ckpt")]
+
+    def scan(self, tree: Tree) -> TreeScan:
+        files = self._ckpts(tree)
+        lasts = [f for f in files if LAST.match(posixpath.basename(f))]
+        peeks: dict[str, TorchPeek | None] = {}
+        by_serial: dict[int, list[tuple[str, int | None]]] = {}
+        unresolved = []
+        for rel in files:
+            if rel in lasts:
+                continue
+            name = posixpath.basename(rel)
+            step, epoch = _name_step(name), _name_epoch(name)
+            if step is None:
+                peek = peeks[rel] = _peek(tree, rel)
+                if peek is not None and isinstance(peek.obj, dict):
+                    step = _int(peek.obj.get("global_step"))
+                    epoch = epoch if epoch is not None else _int(peek.obj.get("epoch"))
+            if step is None:
+                unresolved.append(rel)
+                continue
+            by_serial.setdefault(step, []).append((rel, epoch))
+        serials: dict[int, SerialInfo] = {}
+        for step, entries in sorted(by_serial.items()):
+            entries.sort(key=lambda e: (_version(e[0]), tree.info(e[0]).get("mtime") or 0))
+            rel, epoch = entries[-1]
+            info = SerialInfo(step, tree.abs(rel), files=[_ref(tree, rel)], epoch=epoch, step=step)
+            if len(entries) > 1:
+                info.other_files = [tree.abs(r) for r, _ in entries[:-1]]
+                info.attrs["duplicates"] = [r for r, _ in entries[:-1]]
+            serials[step] = info
+        last_serial = None
+        newest_last = max(lasts, key=lambda r: (tree.info(r).get("mtime") or 0, _version(r)),
+                          default=None)  # fmt: skip
+        for rel in sorted(lasts):
+            peek = peeks[rel] = _peek(tree, rel)
+            obj = peek.obj if peek is not None and isinstance(peek.obj, dict) else {}
+            step = _int(obj.get("global_step"))
+            if step is None:
+                unresolved.append(rel)
+                continue
+            if step in serials:
+                serials[step].aliases += (tree.abs(rel),)
+            else:
+                epoch = _int(obj.get("epoch"))
+                serials[step] = SerialInfo(step, tree.abs(rel), files=[_ref(tree, rel)],
+                                           epoch=epoch, step=step)  # fmt: skip
+            if rel == newest_last:
+                last_serial = step
+        scan = TreeScan(sorted(serials.values(), key=lambda s: s.serial))
+        if last_serial is not None:
+            scan.latest, scan.latest_rule = last_serial, True
+        if unresolved:
+            scan.attrs["unresolved_files"] = unresolved
+        self._callback_metrics(tree, scan, serials, peeks, newest_last or _newest(tree, serials))
+        self._logger_records(tree, scan)
+        return scan
+
+    def _callback_metrics(self, tree: Tree, scan: TreeScan, serials: dict[int, SerialInfo],
+                          peeks: dict, rel: str | None) -> None:  # fmt: skip
+        """Scores from the ModelCheckpoint state stored in the newest checkpoint."""
+        if rel is None:
+            return
+        peek = peeks.get(rel) or _peek(tree, rel)
+        if peek is None or not isinstance(peek.obj, dict):
+            return
+        by_name = {}
+        for s in serials.values():
+            for p in (s.path, *s.other_files, *s.aliases):
+                by_name[posixpath.basename(p)] = s.serial
+        callbacks = peek.obj.get("callbacks")
+        if not isinstance(callbacks, dict):
+            return
+        for key, state in callbacks.items():
+            if not (isinstance(key, str) and key.startswith("ModelCheckpoint")):
+                continue
+            if not isinstance(state, dict):
+                continue
+            monitor = state.get("monitor")
+            best_path = state.get("best_model_path")
+            if isinstance(best_path, str) and best_path:
+                scan.attrs.setdefault("best_model_path", best_path)
+                best = by_name.get(posixpath.basename(best_path))
+                if best is not None:
+                    scan.attrs.setdefault("best_serial", best)
+            score = peek.scalar(state.get("best_model_score"))
+            if score is not None:
+                scan.attrs.setdefault("best_model_score", score)
+            if isinstance(monitor, str):
+                scan.attrs.setdefault("monitor", monitor)
+                kmodels = state.get("best_k_models")
+                for path, value in (kmodels.items() if isinstance(kmodels, dict) else []):
+                    serial = by_name.get(posixpath.basename(str(path)))
+                    v = peek.scalar(value)
+                    if serial is not None and v is not None and math.isfinite(v):
+                        scan.metrics.append((serial, monitor, v))
+            if isinstance(state.get("last_model_path"), str) and state["last_model_path"]:
+                scan.attrs.setdefault("last_model_path", state["last_model_path"])
+
+    def _logger_records(self, tree: Tree, scan: TreeScan) -> None:
+        """CSVLogger ``metrics.csv`` rows (serial = logged step + 1) and ``hparams.yaml``."""
+        rows = []
+        for rel in tree.files():
+            name = posixpath.basename(rel)
+            if name == "metrics.csv":
+                rows += _csv_metrics(tree.read_text(rel, limit=64 << 20))
+            elif name == "hparams.yaml" and "hparams" not in scan.attrs:
+                hp = _yaml(tree.read_text(rel))
+                if hp:
+                    scan.attrs["hparams"] = hp
+        csv_keys = {(s, n) for s, n, _ in rows}
+        scan.metrics = [m for m in scan.metrics if (m[0], m[1]) not in csv_keys] + rows
+
+
+def _name_step(name: str) -> int | None:
+    m = STEP.search(name) or GLOBAL_STEP.search(name)
+    return int(m[1]) if m else None
+
+
+def _name_epoch(name: str) -> int | None:
+    m = EPOCH.search(name)
+    return int(m[1]) if m else None
+
+
+def _version(rel: str) -> int:
+    m = VERSION.search(rel)
+    return int(m[1]) if m else 0
+
+
+def _ref(tree: Tree, rel: str) -> FileRef:
+    return FileRef(tree.abs(rel), codec="torch", size=tree.size(rel))
+
+
+def _peek(tree: Tree, rel: str) -> TorchPeek | None:
+    try:
+        return TorchPeek(tree.blob(rel))
+    except Exception:  # noqa: BLE001 - an unreadable file shows up as an error row later
+        return None
+
+
+def _newest(tree: Tree, serials: dict[int, SerialInfo]) -> str | None:
+    return tree.rel(serials[max(serials)].path) if serials else None
+
+
+def _csv_metrics(text: str) -> list[tuple[int, str, float]]:
+    out: dict[tuple[int, str], float] = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        try:
+            step = int(float(row.get("step") or ""))
+        except ValueError:
+            continue
+        for key, value in row.items():
+            if key in ("step", "epoch") or key is None or value in (None, ""):
+                continue
+            try:
+                out[(step + 1, key)] = float(value)
+            except ValueError:
+                continue
+    return [(s, k, v) for (s, k), v in sorted(out.items())]
+
+
+def _yaml(text: str) -> dict | None:
+    try:
+        import yaml
+
+        data = yaml.safe_load(text)
+        return data if isinstance(data, dict) else None
+    except Exception:  # noqa: BLE001 - no PyYAML or bad YAML: flat "key: value" lines
+        out = {}
+        for line in text.splitlines():
+            if ":" in line and not line.startswith((" ", "#")):
+                k, _, v = line.partition(":")
+                out[k.strip()] = v.strip()
+        return out or None
+
+
+__all__ = ["LightningLayout", "Record", "TorchPeek", "torch_object"]

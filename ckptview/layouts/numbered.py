@@ -1,0 +1,184 @@
+"""Numbered checkpoint files or dirs: ``step_100.pt``, ``ckpt_000050.pt``, ``epoch10.pth``,
+``model_3.safetensors``, ``step_1.npz`` … or ``checkpoint_3/`` dirs of such files.
+
+No manager: a serial is the number in the name; its files are complete when they parse (a
+truncated zip or safetensors fails), and the latest is the largest complete serial. The
+number is the one after a step-like keyword (``step``, ``iter``, ``global_step`` …), else a
+separate run of digits (``model_3``; ``resnet50`` does not count), else an epoch number.
+Where a serial has several files of different naming templates, the main template keeps
+plain names and the others are prefixed by their name with the number removed.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from ..model import FileRef, SerialInfo, TreeScan
+from ..tree import Tree
+from .base import Layout
+from .hf import weight_refs
+
+SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".npz", ".npy", ".safetensors", ".pkl")
+STEP_WORDS = {"step", "steps", "iter", "iters", "iteration", "iterations", "it", "update",
+              "updates", "batch", "gs"}  # fmt: skip
+SAVE_WORDS = {"ckpt", "checkpoint", "checkpoints", "snapshot", "save", "model", "weights", "state"}
+EPOCH_WORDS = {"epoch", "epochs", "ep"}
+GLUED = re.compile(r"^([a-z]+?)(\d+)$")
+SHARD = re.compile(r"\d+-of-\d+", re.I)
+SEP = re.compile(r"[_\-.=\s]+")
+
+
+@dataclass
+class Parsed:
+    """What a file or dir name says: serial, step/epoch when named, and its template."""
+
+    serial: int
+    step: int | None
+    epoch: int | None
+    label: str  # the name without the serial's number (and its keyword)
+
+
+def parse_name(stem: str) -> Parsed | None:
+    """The serial a file stem (name without extension) names, or None."""
+    if SHARD.search(stem):
+        return None
+    parts = [p for p in SEP.split(stem.lower()) if p]
+    cands: list[tuple[int, str, int, int]] = []  # (rank, keyword, value, part index)
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            word = parts[i - 1] if i and parts[i - 1].isalpha() else ""
+            cands.append((_rank(word, bare=True), word, int(part), i))
+        elif (m := GLUED.match(part)) and m[1] in STEP_WORDS | SAVE_WORDS | EPOCH_WORDS:
+            cands.append((_rank(m[1]), m[1], int(m[2]), i))
+    if not cands:
+        return None
+    step = next((v for r, w, v, _ in cands if w in STEP_WORDS), None)
+    epoch = next((v for r, w, v, _ in cands if w in EPOCH_WORDS), None)
+    best = min(cands, key=lambda c: (c[0], -c[3]))
+    rank, word, value, index = best
+    label_parts = [p for j, p in enumerate(parts) if j != index and not (j == index - 1 and p == word)]
+    return Parsed(value, step, epoch, "_".join(label_parts))
+
+
+def _rank(word: str, bare: bool = False) -> int:
+    if word in STEP_WORDS:
+        return 0
+    if word in SAVE_WORDS:
+        return 1
+    if word in EPOCH_WORDS:
+        return 3
+    return 2 if bare else 4
+
+
+def _stem(name: str) -> str:
+    for suffix in SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+class NumberedLayout(Layout):
+    """A directory of numbered checkpoint files (or numbered dirs of checkpoint files)."""
+
+    name = "numbered"
+    priority = 500
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        return bool(self._files(tree) or self._dirs(tree))
+
+    def _files(self, tree: Tree) -> dict[str, Parsed]:
+        out = {}
+        for rel in tree.files(depth=1):
+            name = posixpath.basename(rel)
+            if name.lower().endswith(SUFFIXES) and (p := parse_name(_stem(name))):
+                out[rel] = p
+        return out
+
+    def _dirs(self, tree: Tree) -> dict[str, Parsed]:
+        out = {}
+        for rel in tree.dirs():
+            p = parse_name(posixpath.basename(rel))
+            if p and any(f.lower().endswith(SUFFIXES) for f in tree.files(under=rel, depth=2)):
+                out[rel] = p
+        return out
+
+    def scan(self, tree: Tree) -> TreeScan:
+        files = self._files(tree)
+        if files:
+            return self._scan_files(tree, files)
+        return self._scan_dirs(tree, self._dirs(tree))
+
+    def _scan_files(self, tree: Tree, files: dict[str, Parsed]) -> TreeScan:
+        by_serial: dict[int, list[str]] = {}
+        for rel, p in files.items():
+            by_serial.setdefault(p.serial, []).append(rel)
+        labels = Counter(p.label for p in files.values())
+        many = any(len(v) > 1 for v in by_serial.values())
+        main = _main_label(labels) if many else None
+        serials = []
+        for serial, rels in sorted(by_serial.items()):
+            refs = []
+            for rel in sorted(rels):
+                p = files[rel]
+                prefix = "" if not many or p.label == main else p.label or _stem(posixpath.basename(rel))
+                kind = _kind(p.label)
+                refs.append(FileRef(tree.abs(rel), prefix=prefix, kind=kind, size=tree.size(rel)))
+            steps = {files[r].step for r in rels} - {None}
+            epochs = {files[r].epoch for r in rels} - {None}
+            path = next((r.path for r in refs if not r.prefix), refs[0].path)
+            serials.append(SerialInfo(serial, path, files=refs, step=_one(steps), epoch=_one(epochs)))
+        numbered = set(files)
+        loose = [f for f in tree.files(depth=1) if f not in numbered and f.lower().endswith(SUFFIXES)]
+        scan = TreeScan(serials)
+        if loose:
+            scan.attrs["unnumbered_files"] = loose  # last.pt, best.pt …: which serial is unknown
+        return scan
+
+    def _scan_dirs(self, tree: Tree, dirs: dict[str, Parsed]) -> TreeScan:
+        serials = []
+        seen: dict[int, str] = {}
+        for rel, p in sorted(dirs.items(), key=lambda kv: kv[1].serial):
+            if p.serial in seen:
+                continue
+            seen[p.serial] = rel
+            refs, used = weight_refs(tree, rel)
+            taken = {tree.rel(r.path) for r in refs} | set(used)
+            data = [f for f in tree.files(under=rel, depth=2) if f.lower().endswith(SUFFIXES)]
+            for f in data:
+                if f in taken:
+                    continue
+                stem = _stem(f[len(rel) + 1 :])
+                refs.append(FileRef(tree.abs(f), prefix=stem, kind=_kind(stem), size=tree.size(f)))
+            if len(refs) == 1 and not refs[0].prefix.startswith("model"):
+                refs[0].prefix = ""
+            paths = {tree.rel(r.path) for r in refs}
+            others = [tree.abs(f) for f in tree.files(under=rel) if f not in paths]
+            serials.append(SerialInfo(p.serial, tree.abs(rel), files=refs, other_files=others,
+                                      step=p.step, epoch=p.epoch))  # fmt: skip
+        return TreeScan(serials)
+
+
+def _main_label(labels: Counter) -> str | None:
+    """The naming template that keeps plain variable names (None: every file is prefixed)."""
+    top = labels.most_common(2)
+    if len(top) == 1 or top[0][1] > top[1][1]:
+        return top[0][0]
+    return None
+
+
+def _one(values: set[int]) -> int | None:
+    return next(iter(values)) if len(values) == 1 else None
+
+
+def _kind(label: str) -> str | None:
+    low = label.lower()
+    if "optim" in low:
+        return "optimizer"
+    if "sched" in low:
+        return "scheduler"
+    if "rng" in low or "random" in low:
+        return "rng"
+    return None

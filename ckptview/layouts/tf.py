@@ -1,0 +1,209 @@
+"""TensorFlow checkpoint directories: ``checkpoint`` state file + ``<prefix>.index/.data-*``.
+
+Written by ``tf.train.CheckpointManager`` (``ckpt-N``), TF1 ``Saver`` (``model.ckpt-N``) and
+Estimators. The state file names the checkpoint TF resumes from and the managed set; bundles
+it no longer lists (kept by ``keep_checkpoint_every_n_hours``) are still catalogued with
+``attrs["tracked"] = False``. A SavedModel directory (``variables/variables.index``) is one
+serial 0.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from datetime import datetime, timezone
+
+from ..model import FileRef, SerialInfo, TreeScan
+from ..tree import Tree
+from .base import Layout
+
+_DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5,})-of-(?P<count>\d{5,})$")
+_TEMP = re.compile(r"^(?P<prefix>.+?)\.(index|data-\d+-of-\d+).*tempstate.*$")
+_SERIAL = re.compile(r"^(?P<base>.*?)-(?P<n>\d+)$")
+_STATE_LINE = re.compile(r'^\s*(\w+)\s*:\s*(".*"|\S+)\s*$')
+STATE_FILE = "checkpoint"
+SAVED_MODEL_INDEX = "variables/variables.index"
+
+
+def parse_state(text: str) -> dict[str, list]:
+    """A text-format CheckpointState proto: field name -> list of values (str or float)."""
+    out: dict[str, list] = {}
+    for line in text.splitlines():
+        m = _STATE_LINE.match(line)
+        if not m:
+            continue
+        key, raw = m.groups()
+        if raw.startswith('"'):
+            value: str | float = _unescape(raw[1:-1])
+        else:
+            try:
+                value = float(raw)
+            except ValueError:
+                continue
+        out.setdefault(key, []).append(value)
+    return out
+
+
+def _unescape(s: str) -> str:
+    """C-style escapes of protobuf text format (\\", \\\\, \\n, octal)."""
+    if "\\" not in s:
+        return s
+    raw = s.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    return raw.encode("latin-1", "replace").decode("utf-8", "replace")
+
+
+def _ts(value) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(float(value), tz=timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None
+
+
+class _Prefix:
+    """The files of one bundle prefix found in the listing."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix  # relative to the tree root
+        self.index: str | None = None
+        self.data: dict[int, str] = {}
+        self.counts: set[int] = set()
+        self.others: list[str] = []
+
+    @property
+    def complete(self) -> bool:
+        """The .index and every ``data-*-of-N`` shard are there (one N)."""
+        if self.index is None or len(self.counts) != 1:
+            return False
+        (count,) = self.counts
+        return count > 0 and set(self.data) == set(range(count))
+
+
+class TFLayout(Layout):
+    """Serials are bundle prefixes ``<name>-<N>``; the state file decides the latest."""
+
+    name = "tf"
+    priority = 30
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        if tree.single:
+            return tree.single.endswith(".index")
+        names = tree.files(depth=1)
+        if any(_DATA.match(n) for n in names) and any(n.endswith(".index") for n in names):
+            return True
+        return tree.exists(SAVED_MODEL_INDEX)
+
+    def _prefixes(self, tree: Tree) -> dict[str, _Prefix]:
+        found: dict[str, _Prefix] = {}
+
+        def get(prefix: str) -> _Prefix:
+            return found.setdefault(prefix, _Prefix(prefix))
+
+        if tree.single:
+            files = [tree.single, *_probe_shards(tree, tree.single[: -len(".index")])]
+        elif not any(f.endswith(".index") for f in tree.files(depth=1)):
+            files = tree.files("variables", depth=1)  # a SavedModel directory
+        else:
+            files = tree.files(depth=1)
+        for rel in files:
+            if rel.endswith(".index"):
+                get(rel[: -len(".index")]).index = rel
+            elif m := _DATA.match(rel):
+                p = get(m["prefix"])
+                p.data[int(m["shard"])] = rel
+                p.counts.add(int(m["count"]))
+            elif rel.endswith(".meta") and rel[:-5] in found:  # TF1 MetaGraphDef
+                found[rel[:-5]].others.append(rel)
+            elif m := _TEMP.match(rel):  # a save in flight: BundleWriter's temp names
+                get(m["prefix"]).others.append(rel)
+        for d in tree.dirs():  # TF2 sharded saves write <prefix>_temp/part-* then merge
+            if d.endswith("_temp") and _SERIAL.match(d[: -len("_temp")]):
+                get(d[: -len("_temp")]).others += tree.files(d)
+        return found
+
+    def scan(self, tree: Tree) -> TreeScan:
+        prefixes = self._prefixes(tree)
+        state = parse_state(tree.read_text(STATE_FILE)) if tree.exists(STATE_FILE) else {}
+        tracked = [posixpath.basename(p) for p in state.get("all_model_checkpoint_paths", [])]
+        stamps = dict(zip(tracked, state.get("all_model_checkpoint_timestamps", [])))
+        pointer = state.get("model_checkpoint_path", [""])[-1]
+        pointer = posixpath.basename(pointer) if pointer else ""
+
+        by_serial: dict[int, list[_Prefix]] = {}
+        for key in sorted(prefixes):
+            m = _SERIAL.match(posixpath.basename(key))
+            by_serial.setdefault(int(m["n"]) if m else 0, []).append(prefixes[key])
+        serials = []
+        for serial, group in sorted(by_serial.items()):
+            serials.append(self._serial(tree, serial, group, tracked, stamps))
+        latest = self._latest(serials, by_serial, pointer) if state else None
+        attrs = {}
+        if state:
+            attrs["state_file"] = tree.url(STATE_FILE)
+            attrs["model_checkpoint_path"] = pointer
+            if "last_preserved_timestamp" in state:
+                attrs["last_preserved_timestamp"] = _ts(state["last_preserved_timestamp"][-1])
+        return TreeScan(serials, latest=latest, latest_rule=bool(state), attrs=attrs)
+
+    def _serial(self, tree: Tree, serial: int, group: list[_Prefix], tracked, stamps) -> SerialInfo:
+        many = len(group) > 1
+        refs, others = [], []
+        for p in group:
+            data_sizes = {tree.abs(rel): tree.size(rel) for rel in p.data.values()}
+            if p.index:
+                refs.append(
+                    FileRef(
+                        tree.abs(p.index),
+                        prefix=posixpath.basename(p.prefix) if many else "",
+                        codec="tf",
+                        hints={"data_sizes": data_sizes},
+                        size=tree.size(p.index),
+                    )
+                )
+            others += [tree.abs(r) for r in [*p.data.values(), *p.others]]
+        main = group[0]
+        names = [posixpath.basename(p.prefix) for p in group]
+        complete = all(p.complete for p in group)
+        stamp = next((stamps[n] for n in names if n in stamps), None)
+        error = None
+        if not complete:
+            missing = [n for n, p in zip(names, group) if not p.complete]
+            error = "incomplete: " + ", ".join(
+                f"{n} lacks its .index or a data shard" for n in missing
+            )
+        return SerialInfo(
+            serial,
+            tree.abs(main.index or main.prefix),
+            files=refs,
+            other_files=others,
+            complete=None if complete else False,  # None: complete unless the index fails to parse
+            timestamp=_ts(stamp) if stamp is not None else None,
+            error=error,
+            attrs={"prefixes": names, "tracked": any(n in tracked for n in names)},
+        )
+
+    def _latest(self, serials: list[SerialInfo], by_serial, pointer: str) -> int | None:
+        """The state file's ``model_checkpoint_path`` when it is all there; else the newest
+        complete serial (TF would fail to restore a missing pointer)."""
+        for s in serials:
+            if pointer in s.attrs["prefixes"] and all(p.complete for p in by_serial[s.serial]):
+                return s.serial
+        done = [s.serial for s in serials if all(p.complete for p in by_serial[s.serial])]
+        return max(done) if done else None
+
+
+def _probe_shards(tree: Tree, stem: str) -> list[str]:
+    """Data shards beside a single ``.index`` file (the tree lists only that file)."""
+    fs = tree.storage.fs
+    try:
+        found = fs.glob(tree.abs(stem) + ".data-*-of-*")
+    except (OSError, ValueError):
+        return []
+    out = []
+    for path in found:
+        rel = posixpath.basename(path)
+        try:
+            tree.entries[rel] = tree.storage.info(path)
+        except (FileNotFoundError, OSError):
+            continue
+        out.append(rel)
+    return out
