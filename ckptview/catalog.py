@@ -210,11 +210,21 @@ class Catalog:
         return df
 
     def _latest_from(self, df: pd.DataFrame) -> int | None:
+        """The framework's resume pick when it is loadable, else the newest loadable serial.
+
+        Loadable: complete and read without error. When the framework's own pointer names a
+        serial that is not loadable (corrupt, hostile, half-written), the catalog falls back to
+        the newest loadable one and keeps the pointer in ``attrs["framework_latest"]``.
+        """
+        loadable = df.index[df["complete"].astype(bool) & df["error"].isna()]
         scan = self.scan
         if scan.latest_rule:
-            return scan.latest
-        complete = df.index[df["complete"].astype(bool)]
-        return int(complete.max()) if len(complete) else None
+            if scan.latest is None or scan.latest in loadable:
+                return scan.latest
+            scan.attrs["framework_latest"] = scan.latest
+            older = [s for s in loadable if s < scan.latest]
+            return int(max(older)) if older else (int(loadable.max()) if len(loadable) else None)
+        return int(loadable.max()) if len(loadable) else None
 
     def _size(self, path: str) -> int:
         rel = self.tree.rel(path)
@@ -251,7 +261,8 @@ class Catalog:
     def files(self) -> pd.DataFrame:
         """One row per data file: serial, node, path, size, codec, n_variables, error."""
         rows = [
-            (r.serial, r.ref.node, self.storage.url(r.ref.path), r.ref.size, r.codec,
+            (r.serial, r.ref.node, self.storage.url(r.ref.path),
+             r.ref.size if r.ref.size is not None else self._size(r.ref.path), r.codec,
              len(r.variables), r.error)
             for r in self._file_results()
         ]  # fmt: skip

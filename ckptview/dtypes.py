@@ -9,7 +9,7 @@ try:  # ml_dtypes registers bfloat16/float8 with numpy
 except ImportError:  # pragma: no cover - ml_dtypes is a core dependency
     _ml = None
 
-_ML_NAMES = (
+ML_DTYPE_NAMES = (
     "bfloat16",
     "float8_e4m3fn",
     "float8_e5m2",
@@ -21,6 +21,7 @@ _ML_NAMES = (
     "int4",
     "uint4",
 )
+_ML_NAMES = ML_DTYPE_NAMES  # older name, kept for modules that import it
 
 #: Aliases frameworks use for numpy dtype names (lower-case keys).
 ALIASES = {
@@ -53,7 +54,7 @@ def np_dtype(name: str | np.dtype) -> np.dtype:
     if isinstance(name, np.dtype):
         return name
     key = ALIASES.get(str(name).lower(), str(name))
-    if key in _ML_NAMES:
+    if key in ML_DTYPE_NAMES:
         if _ml is None:
             raise TypeError(f"dtype {key} needs the ml_dtypes package")
         return np.dtype(getattr(_ml, key))
@@ -63,6 +64,8 @@ def np_dtype(name: str | np.dtype) -> np.dtype:
 def dtype_name(dtype: str | np.dtype) -> str:
     """The canonical ckptview name of a dtype (``float32``, ``bfloat16``, ``object``)."""
     if isinstance(dtype, np.dtype):
+        if dtype.name in ML_DTYPE_NAMES:
+            return dtype.name
         if dtype.kind in "OSUV":
             return "object"
         return dtype.name if dtype.names is None else "object"

@@ -39,6 +39,12 @@ class Counters:
         with self.lock:
             self.bytes_read = self.requests = 0
 
+    def __getstate__(self) -> dict:  # picklable for process executors (Dask)
+        return {"bytes_read": self.bytes_read, "requests": self.requests}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, lock=threading.Lock())
+
 
 class Storage:
     """An fsspec filesystem plus counters; paths are the filesystem's own (protocol stripped)."""

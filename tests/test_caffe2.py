@@ -400,3 +400,19 @@ def test_garbage_files(tmp_path):
     bad = record("bad#%0", b"\x0a\xff\xff\xff\xff\x0f")
     variables, error, _ = list_bytes(bad + good)
     assert "undecodable" in error and [v.name for v in variables if not v.error] == ["ok"]
+
+
+def test_opaque_blobs_and_single_file_tree(tmp_path):
+    qtensor = fld(1, varint(2)) + fld(2, 8) + fld(5, 1)
+    q = record("q", fld(1, b"q") + fld(2, b"Int8TensorCPU") + fld(5, qtensor))
+    s = record("s", fld(1, b"s") + fld(2, b"std::string") + fld(4, b"abc"))
+    variables, error, blob = list_bytes(q + s)
+    assert error is None
+    by_name = {v.name: v for v in variables}
+    assert by_name["q"].attrs["blob_type"] == "Int8TensorCPU" and by_name["q"].dtype == "object"
+    assert CODEC.read(blob, by_name["q"])[()] == qtensor
+    assert CODEC.read(blob, by_name["s"])[()] == b"abc" and by_name["s"].nbytes == 3
+    cat = cv.open(str(corpus_path("caffe2/extra/edge_cases.minidb")))
+    assert cat.read("edge/i64_scalar").tolist() == -42
+    cat = cv.open(str(corpus_path("caffe2/ckpt/trainer_1.2")))
+    assert list(cat.serials.index) == [2] and cat.latest == 2

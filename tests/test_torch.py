@@ -22,17 +22,30 @@ def _rows(cat) -> dict:
     return {row.name: row for row in cat.variables.itertuples()}
 
 
+def _find(rows: dict, t: dict):
+    """The row for a ground-truth tensor. The ground truth rewrote absolute paths stored inside
+    keys (Lightning ``best_k_models``) relative to the corpus, so those match on the parent
+    path plus the last path component."""
+    if t["key"] in rows:
+        return rows[t["key"]]
+    parent = "/".join(str(p) for p in t["path"][:-1]) + "/"
+    last = str(t["path"][-1])
+    hits = [r for n, r in rows.items() if n.startswith(parent) and n.endswith("/" + last)]
+    assert len(hits) == 1, t["key"]
+    return hits[0]
+
+
 @pytest.mark.parametrize("rel", TORCH_FILES)
 def test_every_corpus_tensor_matches_ground_truth(rel):
     cat = cv.open(str(corpus_path("modern", rel)))
     rows = _rows(cat)
     assert cat.files["error"].isna().all(), cat.files["error"].tolist()
     for t in GT[rel]["tensors"]:
-        row = rows[t["key"]]
+        row = _find(rows, t)
         assert row.dtype == t["dtype"], t["key"]
         assert row.shape == tuple(t["shape"]), t["key"]
         assert row.nbytes == t["nbytes"], t["key"]
-        arr = cat.read(t["key"])
+        arr = cat.read(row.name)
         assert arr.shape == tuple(t["shape"])
         assert float(np.asarray(arr, dtype=np.float64).sum()) == pytest.approx(t["sum"], rel=1e-6)
 
@@ -91,7 +104,7 @@ def test_hostile_zip_and_legacy_are_refused(tmp_path):
     for path in (zpath, lpath):
         cat = cv.open(str(path))
         err = cat.variables["error"].dropna().tolist()
-        assert err and "os.system" in err[0] or "posix.system" in err[0], err
+        assert len(err) == 1 and "refused global posix.system" in err[0], err
     assert not marker.exists()
 
 

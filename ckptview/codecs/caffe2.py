@@ -101,7 +101,7 @@ class _Chunk:
     key: str
     tensor: tuple[int, int] | None = None  # (offset, length) of BlobProto.tensor
     content: tuple[int, int] | None = None  # (offset, length) of BlobProto.content
-    qtensor: int = 0
+    qtensor: tuple[int, int] | None = None  # (offset, length) of BlobProto.qtensor
     dims: tuple[int, ...] = ()
     data_type: int | None = None
     data_format: int = 0
@@ -168,7 +168,7 @@ def _record(win: _Window, key: str, start: int, end: int) -> tuple[str, str, _Ch
         elif number == 4 and wire == LEN:
             chunk.content = (pos, value)
         elif number == 5 and wire == LEN:
-            chunk.qtensor = value
+            chunk.qtensor = (pos, value)
         elif number == 6 and wire == VARINT:
             chunk.num_chunks = signed(value, 32)
         elif number == 7 and wire == VARINT:
@@ -281,13 +281,7 @@ def _tensor_var(blob: _Blob) -> VarInfo:
         nbytes=nbytes,
         kind="other" if blob.name == "blob_names" else None,
         error=error,
-        locator=Locator(
-            kind,
-            code,
-            tuple(dims),
-            [(*c.tensor, c.segment, c.data_format) for c in chunks if c.tensor],
-            [],
-        ),  # fmt: skip
+        locator=Locator(kind, code, tuple(dims), [_tensor_ref(c) for c in chunks if c.tensor], []),
         attrs={
             "caffe2_data_type": DTYPE_NAMES.get(code, str(code)),
             "n_records": len(blob.chunks),
@@ -301,26 +295,20 @@ _FIELD_NAMES = {3: "float_data", 4: "int32_data", 5: "byte_data", 6: "string_dat
 
 
 def _other_var(blob: _Blob) -> VarInfo:
-    """A non-tensor blob (std::string, Counter, TreeCursor, mutex, qtensor …): opaque."""
+    """A non-tensor blob (std::string, Counter, TreeCursor, mutex, qtensor …): opaque; its
+    value is the content (or the serialized QTensorProto) bytes."""
     chunks = blob.chunks
     error = None
-    if len(chunks) > 1:
-        n = chunks[0].num_chunks
-        ids = sorted(c.chunk_id if c.chunk_id is not None else -1 for c in chunks)
-        if n is None:
-            error = f"blob duplicated ({len(chunks)} records)"
-        elif ids != list(range(n)):
-            error = f"content chunks {ids} do not cover 0..{n - 1}"
-    else:
-        n = chunks[0].num_chunks
-        if n is not None and n != 1:
-            error = f"content chunks [{chunks[0].chunk_id}] do not cover 0..{n - 1}"
+    n = chunks[0].num_chunks
+    ids = sorted(c.chunk_id if c.chunk_id is not None else -1 for c in chunks)
+    if n is None and len(chunks) > 1:
+        error = f"blob duplicated ({len(chunks)} records)"
+    elif n is not None and ids != list(range(n)):
+        error = f"content chunks {ids} do not cover 0..{n - 1}"
     ordered = sorted(chunks, key=lambda c: c.chunk_id or 0)
-    contents = [c.content for c in ordered if c.content]
-    tensors = [(*c.tensor, c.segment, c.data_format) for c in ordered if c.tensor]
-    nbytes = (
-        sum(r[1] for r in contents) + sum(t[1] for t in tensors) + sum(c.qtensor for c in chunks)
-    )
+    contents = [c.content or c.qtensor for c in ordered if c.content or c.qtensor]
+    tensors = [_tensor_ref(c) for c in ordered if c.tensor]
+    nbytes = sum(r[1] for r in contents) + sum(t[1] for t in tensors)
     kind = "trainer" if any(t in blob.type for t in TRAINER_TYPES) else "other"
     first = chunks[0]
     return VarInfo(
@@ -333,6 +321,10 @@ def _other_var(blob: _Blob) -> VarInfo:
         locator=Locator("blob", first.data_type, first.dims, tensors, contents, blob.type),
         attrs={"blob_type": blob.type, "n_records": len(chunks)},
     )
+
+
+def _tensor_ref(chunk: _Chunk) -> tuple:
+    return (*chunk.tensor, chunk.segment, chunk.data_format)
 
 
 def _variable(blob: _Blob) -> VarInfo:

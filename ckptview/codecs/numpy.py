@@ -178,7 +178,9 @@ class NpzCodec(Codec):
                 var.locator = ("raw", start, info.compress_size, info.compress_type)
                 return var
             if info.compress_type == zipfile.ZIP_STORED:
-                header = parse_npy_header(blob.read_upto(start, 128), lambda n: blob.read_upto(start, n))
+                header = parse_npy_header(
+                    blob.read_upto(start, 128), lambda n: blob.read_upto(start, n)
+                )
                 if header.data_offset + header.nbytes > info.file_size:
                     raise TruncatedError(f"member {info.filename} is shorter than its header says")
                 return npy_var(name, blob.path, header, start + header.data_offset)
@@ -194,7 +196,12 @@ class NpzCodec(Codec):
             var = npy_var(name, blob.path, header, None)
             order = "F" if header.fortran else "C"
             var.locator = _Member(
-                start, info.compress_size, header.data_offset, header.nbytes, header.dtype.str, order
+                start,
+                info.compress_size,
+                header.data_offset,
+                header.nbytes,
+                header.dtype.str,
+                order,
             )
             return var
         except Exception as e:  # noqa: BLE001 - one bad member is an error row, not a failed file

@@ -2,7 +2,7 @@
 
 ``P.index`` is a LevelDB table (read here by hand) mapping each key to a BundleEntryProto;
 the values live raw in ``P.data-SSSSS-of-NNNNN``. Listing reads the ``.index`` only (plus
-the data files' sizes); see ``docs/../shared/specs/tf.md``.
+the data files' sizes).
 """
 
 from __future__ import annotations

@@ -41,9 +41,12 @@ MAX_LIST = 4096  # lists of numbers longer than this are not shown as variables
 def zip_entries(blob: Blob) -> dict[str, tuple[int, int, int, int]]:
     """name -> (local header offset, compressed size, size, method) from the central directory."""
     size = blob.size
-    tail_len = min(size, 22 + 65535 + 20)
-    tail = blob.read(size - tail_len, tail_len)
-    at = tail.rfind(b"PK\x05\x06")
+    for want in (1024, 22 + 65535 + 20):  # a short tail first: torch writes no zip comment
+        tail_len = min(size, want)
+        tail = blob.read(size - tail_len, tail_len)
+        at = tail.rfind(b"PK\x05\x06")
+        if at >= 20 or tail_len == size:
+            break
     if at < 0 or at + 22 > len(tail):
         raise ValueError("not a zip archive (no end of central directory)")
     n_total, cd_size, cd_offset = struct.unpack("<HII", tail[at + 10 : at + 20])

@@ -84,7 +84,6 @@ class Caffe2Layout(Layout):
                     node=n,
                     codec="caffe2",
                     size=tree.size(nodes[n][epoch]),
-                    hints={"epoch": epoch},
                 )  # fmt: skip
                 for n in present
             ]
@@ -106,7 +105,7 @@ class Caffe2Layout(Layout):
         """Loose minidb files: serial 0, every recognized file at any depth, path-prefixed."""
         files = [f for f in tree.files() if not f.lower().endswith(SKIP_SUFFIXES)]
         refs = [
-            FileRef(tree.abs(f), prefix=f, size=tree.size(f), optional=True)
+            FileRef(tree.abs(f), prefix="" if tree.single else f, size=tree.size(f), optional=True)
             for f in files
             if f.lower().endswith(".minidb") or tree.size(f)
         ]

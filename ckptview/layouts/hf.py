@@ -106,7 +106,9 @@ def checkpoint_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]
         m = RNG.match(name)
         if name in TORCH_FILES:
             pre, kind = TORCH_FILES[name]
-            refs.append(FileRef(tree.abs(rel), prefix=pre, kind=kind, codec="torch", size=tree.size(rel)))
+            refs.append(
+                FileRef(tree.abs(rel), prefix=pre, kind=kind, codec="torch", size=tree.size(rel))
+            )
         elif m:
             node = f"rank{m[1]}" if m[1] is not None else ""
             refs.append(FileRef(tree.abs(rel), node=node, prefix="rng_state", kind="rng",

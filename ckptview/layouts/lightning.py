@@ -220,7 +220,7 @@ class LightningLayout(Layout):
             if isinstance(monitor, str):
                 scan.attrs.setdefault("monitor", monitor)
                 kmodels = state.get("best_k_models")
-                for path, value in (kmodels.items() if isinstance(kmodels, dict) else []):
+                for path, value in kmodels.items() if isinstance(kmodels, dict) else []:
                     serial = by_name.get(posixpath.basename(str(path)))
                     v = peek.scalar(value)
                     if serial is not None and v is not None and math.isfinite(v):

@@ -59,7 +59,9 @@ def parse_name(stem: str) -> Parsed | None:
     epoch = next((v for r, w, v, _ in cands if w in EPOCH_WORDS), None)
     best = min(cands, key=lambda c: (c[0], -c[3]))
     rank, word, value, index = best
-    label_parts = [p for j, p in enumerate(parts) if j != index and not (j == index - 1 and p == word)]
+    label_parts = [
+        p for j, p in enumerate(parts) if j != index and not (j == index - 1 and p == word)
+    ]
     return Parsed(value, step, epoch, "_".join(label_parts))
 
 
@@ -123,15 +125,21 @@ class NumberedLayout(Layout):
             refs = []
             for rel in sorted(rels):
                 p = files[rel]
-                prefix = "" if not many or p.label == main else p.label or _stem(posixpath.basename(rel))
+                prefix = (
+                    "" if not many or p.label == main else p.label or _stem(posixpath.basename(rel))
+                )
                 kind = _kind(p.label)
                 refs.append(FileRef(tree.abs(rel), prefix=prefix, kind=kind, size=tree.size(rel)))
             steps = {files[r].step for r in rels} - {None}
             epochs = {files[r].epoch for r in rels} - {None}
             path = next((r.path for r in refs if not r.prefix), refs[0].path)
-            serials.append(SerialInfo(serial, path, files=refs, step=_one(steps), epoch=_one(epochs)))
+            serials.append(
+                SerialInfo(serial, path, files=refs, step=_one(steps), epoch=_one(epochs))
+            )
         numbered = set(files)
-        loose = [f for f in tree.files(depth=1) if f not in numbered and f.lower().endswith(SUFFIXES)]
+        loose = [
+            f for f in tree.files(depth=1) if f not in numbered and f.lower().endswith(SUFFIXES)
+        ]
         scan = TreeScan(serials)
         if loose:
             scan.attrs["unnumbered_files"] = loose  # last.pt, best.pt …: which serial is unknown

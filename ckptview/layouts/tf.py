@@ -122,7 +122,7 @@ class TFLayout(Layout):
 
     def scan(self, tree: Tree) -> TreeScan:
         prefixes = self._prefixes(tree)
-        state = parse_state(tree.read_text(STATE_FILE)) if tree.exists(STATE_FILE) else {}
+        state = _read_state(tree)
         tracked = [posixpath.basename(p) for p in state.get("all_model_checkpoint_paths", [])]
         stamps = dict(zip(tracked, state.get("all_model_checkpoint_timestamps", [])))
         pointer = state.get("model_checkpoint_path", [""])[-1]
@@ -189,6 +189,16 @@ class TFLayout(Layout):
                 return s.serial
         done = [s.serial for s in serials if all(p.complete for p in by_serial[s.serial])]
         return max(done) if done else None
+
+
+def _read_state(tree: Tree) -> dict[str, list]:
+    """The parsed ``checkpoint`` state file, or {} when there is none (or it is unreadable)."""
+    if tree.entries.get(STATE_FILE, {}).get("type") != "file":
+        return {}
+    try:
+        return parse_state(tree.read_text(STATE_FILE))
+    except (OSError, ValueError):
+        return {}
 
 
 def _probe_shards(tree: Tree, stem: str) -> list[str]:

@@ -1,0 +1,240 @@
+"""torch.distributed.checkpoint (DCP): a ``.metadata`` pickle + ``__<rank>_<n>.distcp`` files.
+
+Listing reads only ``.metadata`` (restricted unpickler; specs/modern.md §2): every logical
+tensor's dtype, global shape and chunks. Names follow ``planner_data`` (the original key path
+joined with "/", e.g. ``model/fc1.weight``). Values are assembled from the chunks: each chunk is
+a ``[offset, offset + length)`` range of a ``.distcp`` file holding a complete ``torch.save``
+zip (the default TORCH_SAVE format), or raw bytes. Non-tensor items (BytesStorageMetadata) are
+listed as dtype ``object``; reading one unpickles its small ``torch.save`` record.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import np_dtype
+from ..io import Blob, Storage, TruncatedError
+from ..model import VarInfo
+from ..unpickle import Record, TorchDtype, Unpickler, load_pickle, torch_persistent_load
+from .base import Codec
+
+MAX_METADATA = 1 << 30
+DCP = "torch.distributed.checkpoint.metadata."
+
+
+@dataclass
+class Chunk:
+    """One stored piece of a logical tensor."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    file: str  # relative to the checkpoint dir
+    offset: int
+    length: int
+
+
+class TorchDCPCodec(Codec):
+    """A DCP checkpoint, opened through its ``.metadata`` (or ``__<rank>.metadata``) file."""
+
+    name = "torch_dcp"
+    priority = 45
+
+    def guess_can_open(self, filename: str, head: bytes) -> bool:
+        named = filename == ".metadata" or (
+            filename.startswith("__") and filename.endswith(".metadata")
+        )
+        return named and head[:1] == b"\x80" and b"torch.distributed.checkpoint" in head
+
+    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+        if blob.size > MAX_METADATA:
+            raise ValueError(f"{blob.name}: {blob.size} bytes is too large for DCP metadata")
+        meta = load_pickle(blob, lazy_min=None)
+        if not (isinstance(meta, Record) and meta.cls == DCP + "Metadata"):
+            raise ValueError(f"{blob.name}: not a DCP Metadata pickle")
+        fields = meta.fields()
+        entries = fields.get("state_dict_metadata")
+        if not isinstance(entries, dict):
+            raise ValueError(f"{blob.name}: Metadata without state_dict_metadata")
+        storage = _storage_index(fields.get("storage_data"))
+        planner = fields.get("planner_data") if isinstance(fields.get("planner_data"), dict) else {}
+        out = []
+        for fqn, entry in entries.items():
+            name = _name(fqn, planner.get(fqn))
+            try:
+                out.append(_var(name, str(fqn), entry, storage))
+            except (ValueError, TypeError, AttributeError) as e:
+                out.append(VarInfo(name, "object", (), error=f"{type(e).__name__}: {e}"[:300]))
+        return out
+
+    def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
+        chunks: list[Chunk] = var.locator
+        root = posixpath.dirname(blob.path)
+        if var.dtype == "object":
+            if not chunks:
+                raise ValueError(f"{var.name}: no stored item")
+            return _object_value(_slice(blob.storage, root, chunks[0]))
+        dt = np_dtype(var.dtype)
+        out = np.zeros(var.shape, dtype=dt)
+        for chunk in chunks:
+            piece = _chunk_values(blob.storage, root, chunk, dt)
+            index = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
+            out[index] = piece
+        return out
+
+
+def _storage_index(storage_data: Any) -> dict[tuple[str, tuple | None], tuple[str, int, int]]:
+    """(fqn, chunk offsets) -> (relative file, offset, length)."""
+    out = {}
+    if not isinstance(storage_data, dict):
+        return out
+    for key, info in storage_data.items():
+        k = key.fields() if isinstance(key, Record) else {}
+        v = info.fields() if isinstance(info, Record) else {}
+        fqn, offset = k.get("fqn"), k.get("offset")
+        path, at, length = v.get("relative_path"), v.get("offset"), v.get("length")
+        if (
+            isinstance(fqn, str)
+            and isinstance(path, str)
+            and isinstance(at, int)
+            and isinstance(length, int)
+        ):
+            out[(fqn, tuple(offset) if offset is not None else None)] = (path, at, length)
+    return out
+
+
+def _name(fqn: Any, path: Any) -> str:
+    if isinstance(path, (tuple, list)) and path:
+        return "/".join(str(p) for p in path)
+    return str(fqn)
+
+
+def _var(name: str, fqn: str, entry: Any, storage: dict) -> VarInfo:
+    if not isinstance(entry, Record):
+        raise ValueError(f"unexpected metadata entry {type(entry).__name__}")
+    fields = entry.fields()
+    if entry.cls == DCP + "BytesStorageMetadata":
+        where = storage.get((fqn, None))
+        var = VarInfo(name, "object", (), nbytes=where[2] if where else 0, kind=None)
+        var.locator = [Chunk((), (), *where)] if where else []
+        if not where:
+            var.error = "no storage entry for this item"
+        return var
+    if entry.cls != DCP + "TensorStorageMetadata":
+        raise ValueError(f"unknown metadata entry {entry.cls}")
+    props = fields.get("properties")
+    dtype = _dtype(props)
+    shape = tuple(int(d) for d in fields.get("size") or ())
+    var = VarInfo(name, dtype, shape)
+    var.nbytes = var.numel * np_dtype(dtype).itemsize
+    chunks, missing = [], 0
+    for c in fields.get("chunks") or []:
+        cf = c.fields() if isinstance(c, Record) else {}
+        offsets, sizes = tuple(cf.get("offsets") or ()), tuple(cf.get("sizes") or ())
+        where = storage.get((fqn, offsets))
+        if where is None or len(offsets) != len(shape) or len(sizes) != len(shape):
+            missing += 1
+            continue
+        if any(o + s > d for o, s, d in zip(offsets, sizes, shape, strict=True)):
+            raise ValueError(f"chunk {offsets}+{sizes} outside the tensor {shape}")
+        chunks.append(Chunk(offsets, sizes, *where))
+    var.locator = chunks
+    var.attrs["chunks"] = len(chunks)
+    files = sorted({c.file for c in chunks})
+    var.attrs["files"] = files
+    if missing:
+        var.error = f"{missing} chunk(s) without a storage entry"
+    elif sum(_prod(c.sizes) for c in chunks) < var.numel:
+        var.error = "chunks do not cover the tensor"
+    return var
+
+
+def _dtype(props: Any) -> str:
+    state = props.state if isinstance(props, Record) else None
+    if isinstance(state, tuple) and state and isinstance(state[0], TorchDtype):
+        return state[0].dtype
+    fields = props.fields() if isinstance(props, Record) else {}
+    if isinstance(fields.get("dtype"), TorchDtype):
+        return fields["dtype"].dtype
+    raise ValueError("tensor properties without a dtype")
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# -- chunk reading ----------------------------------------------------------------------------
+class _WindowStorage:
+    """A Storage seen through a window: reads of ``path`` are shifted by ``base``."""
+
+    def __init__(self, storage: Storage, path: str, base: int):
+        self._storage, self._path, self._base = storage, path, base
+        self.counters = storage.counters
+        self.fs = storage.fs
+
+    def _shift(self, path: str, a: int, b: int) -> tuple[int, int]:
+        return (a + self._base, b + self._base) if path == self._path else (a, b)
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        return self._storage.read_range(path, *self._shift(path, start, end))
+
+    def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        return self._storage.read_ranges(path, [self._shift(path, a, b) for a, b in ranges])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+
+def _slice(storage: Storage, root: str, chunk: Chunk) -> Blob:
+    """The chunk's byte range as a Blob of its own (offset 0 = the chunk's first byte)."""
+    path = posixpath.join(root, chunk.file)
+    size = storage.info(path)["size"]
+    if chunk.offset < 0 or chunk.offset + chunk.length > size:
+        raise TruncatedError(f"{chunk.file}: item at {chunk.offset}+{chunk.length} beyond {size}")
+    return Blob(_WindowStorage(storage, path, chunk.offset), path, chunk.length)  # type: ignore[arg-type]
+
+
+def _chunk_values(storage: Storage, root: str, chunk: Chunk, dt: np.dtype) -> np.ndarray:
+    blob = _slice(storage, root, chunk)
+    want = _prod(chunk.sizes) * dt.itemsize
+    if blob.head(4) != b"PK\x03\x04":  # raw bytes (no torch.save wrapper)
+        if chunk.length != want:
+            raise ValueError(f"{chunk.file}: item of {chunk.length} bytes, tensor needs {want}")
+        return np.frombuffer(blob.read(0, want), dtype=dt).reshape(chunk.sizes)
+    from ..registry import get_codec
+
+    codec = get_codec("torch")
+    found = [v for v in codec.list_variables(blob, {}) if v.error is None]
+    tensors = [v for v in found if v.name == ""] or found
+    if len(tensors) != 1:
+        raise ValueError(f"{chunk.file}@{chunk.offset}: expected one tensor, found {len(found)}")
+    arr = np.asarray(codec.read(blob, tensors[0]))
+    if tuple(arr.shape) != tuple(chunk.sizes):
+        raise ValueError(f"chunk shape {arr.shape} != {chunk.sizes}")
+    return arr.astype(dt, copy=False)
+
+
+def _object_value(blob: Blob) -> np.ndarray:
+    """A torch.save'd non-tensor value (int, float, str, list …) as a numpy array."""
+    if blob.head(4) == b"PK\x03\x04":
+        from .torch import payload_offsets, zip_entries
+
+        entries = zip_entries(blob)
+        root = next(iter(entries)).split("/", 1)[0]
+        at, n = payload_offsets(blob, entries, [f"{root}/data.pkl"])[f"{root}/data.pkl"]
+        value = Unpickler(blob, offset=at, end=at + n, persistent_load=torch_persistent_load).load()
+    else:
+        value = load_pickle(blob)
+    if isinstance(value, (bool, int, float, complex)) or (
+        isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value)
+    ):
+        return np.asarray(value)
+    out = np.empty((), dtype=object)
+    out[()] = value
+    return out

@@ -1,0 +1,95 @@
+"""torch.distributed.checkpoint step dirs: ``step_1/{.metadata, __0_0.distcp, …}``.
+
+A DCP dir is committed when ``.metadata`` exists: it is written as ``.metadata.tmp`` after
+all data and renamed (specs/modern.md §2); with ``use_collectives=False`` every rank writes its
+own ``__<rank>.metadata``. The serial is the number in the dir name, the nodes are the ranks
+of the ``__<rank>_<n>.distcp`` files, and there is no latest pointer (largest complete serial).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from ..model import FileRef, SerialInfo, TreeScan
+from ..tree import Tree
+from .base import Layout
+from .numbered import parse_name
+
+DATA = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+RANK_META = re.compile(r"^__(\d+)\.metadata$")
+
+
+def is_dcp_dir(tree: Tree, rel: str) -> bool:
+    names = [posixpath.basename(f) for f in tree.files(under=rel, depth=1)]
+    return any(n in (".metadata", ".metadata.tmp") or DATA.match(n) or RANK_META.match(n)
+               for n in names)  # fmt: skip
+
+
+def dcp_refs(tree: Tree, rel: str, prefix: str = "", kind: str | None = None) -> list[FileRef]:
+    """The metadata file(s) of one DCP dir as FileRefs read by the ``torch_dcp`` codec."""
+    base = rel.rstrip("/") + "/" if rel else ""
+    if tree.exists(base + ".metadata"):
+        metas = [(base + ".metadata", "")]
+    else:
+        metas = []
+        for f in tree.files(under=rel, depth=1):
+            m = RANK_META.match(posixpath.basename(f))
+            if m:
+                metas.append((f, f"rank{m[1]}"))
+    return [FileRef(tree.abs(f), node=node, prefix=prefix, kind=kind, codec="torch_dcp",
+                    size=tree.size(f)) for f, node in metas]  # fmt: skip
+
+
+def ranks(tree: Tree, rel: str) -> tuple[str, ...]:
+    found = set()
+    for f in tree.files(under=rel, depth=1):
+        m = DATA.match(posixpath.basename(f)) or RANK_META.match(posixpath.basename(f))
+        if m:
+            found.add(int(m[1]))
+    return tuple(f"rank{r}" for r in sorted(found))
+
+
+class DCPLayout(Layout):
+    """Numbered DCP checkpoint dirs below the root (or the root itself being one)."""
+
+    name = "dcp"
+    priority = 40
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        if tree.single:
+            return False
+        return is_dcp_dir(tree, "") or any(is_dcp_dir(tree, d) for d in tree.dirs())
+
+    def scan(self, tree: Tree) -> TreeScan:
+        if is_dcp_dir(tree, ""):
+            parsed = parse_name(posixpath.basename(tree.root))
+            return TreeScan([self._serial(tree, "", parsed.serial if parsed else 0)])
+        serials = {}
+        for d in tree.dirs():
+            parsed = parse_name(posixpath.basename(d))
+            if parsed is None or not is_dcp_dir(tree, d) or parsed.serial in serials:
+                continue
+            info = self._serial(tree, d, parsed.serial)
+            info.step, info.epoch = parsed.step, parsed.epoch
+            serials[parsed.serial] = info
+        return TreeScan([serials[k] for k in sorted(serials)])
+
+    def _serial(self, tree: Tree, rel: str, serial: int) -> SerialInfo:
+        refs = dcp_refs(tree, rel)
+        paths = {tree.rel(r.path) for r in refs}
+        others = [tree.abs(f) for f in tree.files(under=rel) if f not in paths]
+        info = SerialInfo(serial, tree.abs(rel), files=refs, other_files=others)
+        info.nodes = ranks(tree, rel)
+        data_ranks = {n for n in info.nodes}
+        if not refs:
+            info.complete = False
+            info.error = "no .metadata: the save was not committed"
+        elif refs[0].node:  # per-rank metadata: every rank with data must have committed
+            committed = {r.node for r in refs}
+            info.complete = data_ranks <= committed
+            if not info.complete:
+                info.error = f"ranks without metadata: {sorted(data_ranks - committed)}"
+        else:
+            info.complete = True
+        return info

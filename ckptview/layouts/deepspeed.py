@@ -1,0 +1,114 @@
+"""DeepSpeed engine checkpoints: ``latest`` + ``global_stepN/`` tag dirs of per-rank files.
+
+specs/modern.md §8: rank 0 writes ``latest`` (the tag, no newline) after every rank saved, so
+a tag is complete when it is the one ``latest`` names or an older one holding model states; a
+tag newer than ``latest`` is an interrupted save. Without ``latest`` (``save_latest=False``)
+every tag with model states counts. ``latest`` naming a missing tag resumes nothing: latest is
+None and ``TreeScan.attrs["latest_tag_missing"]`` says so. Files map to nodes by rank:
+``mp_rank_XX_model_states.pt`` (node ``mpX`` when model-parallel), ``[bf16_]zero_pp_rank_D_
+mp_rank_XX_{optim,model}_states.pt`` (node ``rankD``), MoE ``expp_rank_E…`` / ``layer_L_expert_E…``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+from ..model import FileRef, SerialInfo, TreeScan
+from ..tree import Tree
+from .base import Layout, trailing_int
+
+MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+ZERO = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
+EXPP = re.compile(r"^expp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+EXPERT = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+POINTERS = ("latest", "latest_universal")
+
+
+def _classify(name: str, multi_mp: bool) -> tuple[str, str, str] | None:
+    """(node, prefix, kind) of a DeepSpeed file name, or None when it holds no states."""
+    mp = ""
+    if m := MODEL.match(name):
+        return (f"mp{int(m[1])}" if multi_mp else "", "", "model")
+    if m := ZERO.match(name):
+        mp = f"_mp{int(m[2])}" if multi_mp else ""
+        kind = "optimizer" if m[3] == "optim" else "model"
+        return (f"rank{int(m[1])}{mp}", "", kind)
+    if m := EXPP.match(name):
+        mp = f"_mp{int(m[2])}" if multi_mp else ""
+        return (f"ep{int(m[1])}{mp}", "", "optimizer")
+    if m := EXPERT.match(name):
+        node = f"mp{int(m[3])}" if multi_mp else ""
+        return (node, f"layer_{int(m[1])}_expert_{int(m[2])}", "model")
+    return None
+
+
+def tag_refs(tree: Tree, rel: str) -> list[FileRef]:
+    """FileRefs of the per-rank state files of one tag dir."""
+    names = [posixpath.basename(f) for f in tree.files(under=rel, depth=1)]
+    mps = {int(m[1]) for n in names if (m := MODEL.match(n))}
+    mps |= {int(m[2]) for n in names if (m := ZERO.match(n))}
+    refs = []
+    for name in sorted(names):
+        found = _classify(name, multi_mp=len(mps) > 1)
+        if found:
+            node, prefix, kind = found
+            f = f"{rel}/{name}" if rel else name
+            refs.append(FileRef(tree.abs(f), node=node, prefix=prefix, kind=kind, codec="torch",
+                                size=tree.size(f)))  # fmt: skip
+    return refs
+
+
+def _has_states(tree: Tree, rel: str) -> bool:
+    return any(
+        MODEL.match(posixpath.basename(f)) or ZERO.match(posixpath.basename(f))
+        for f in tree.files(under=rel, depth=1)
+    )
+
+
+class DeepSpeedLayout(Layout):
+    """``save_dir/{latest, global_stepN/…}`` trees from ``engine.save_checkpoint``."""
+
+    name = "deepspeed"
+    priority = 40
+
+    def guess_can_open(self, tree: Tree) -> bool:
+        if tree.single:
+            return False
+        return any(_has_states(tree, d) for d in tree.dirs())
+
+    def scan(self, tree: Tree) -> TreeScan:
+        tags = {}
+        for d in tree.dirs():
+            n = trailing_int(posixpath.basename(d))
+            if n is not None and _has_states(tree, d) and n not in tags:
+                tags[n] = d
+        pointer = next((p for p in POINTERS if tree.exists(p)), None)
+        tag = tree.read_text(pointer, limit=4096).strip() if pointer else None
+        pointed = next((n for n, d in tags.items() if posixpath.basename(d) == tag), None)
+        serials = []
+        for n, d in sorted(tags.items()):
+            refs = tag_refs(tree, d)
+            paths = {tree.rel(r.path) for r in refs}
+            others = [tree.abs(f) for f in tree.files(under=d) if f not in paths]
+            info = SerialInfo(n, tree.abs(d), files=refs, other_files=others, step=n)
+            info.nodes = tuple(sorted({r.node for r in refs} - {""}))
+            has_model = any(MODEL.match(posixpath.basename(r.path)) for r in refs) or any(
+                r.kind == "model" for r in refs
+            )
+            if tag is None:
+                info.complete = None if has_model else False
+            else:
+                limit = pointed if pointed is not None else trailing_int(tag)
+                info.complete = has_model and limit is not None and n <= limit
+                if limit is not None and n > limit:
+                    info.error = f"newer than {pointer!r} ({tag}): an interrupted save"
+            serials.append(info)
+        scan = TreeScan(serials)
+        if tag is not None:
+            scan.latest_rule = True
+            scan.latest = pointed
+            scan.attrs["latest_tag"] = tag
+            if pointed is None:
+                scan.attrs["latest_tag_missing"] = True
+        return scan
