@@ -84,7 +84,10 @@ class DiffAccumulator:
         self.ab += float(np.vdot(a, b).real)
         del a, b
         self.d2 += float(np.vdot(d, d).real)
-        d = np.abs(d)
+        if d.dtype.kind == "c":
+            d = np.abs(d)
+        else:
+            np.abs(d, out=d)
         self.max_abs = max(self.max_abs, float(d.max())) if not np.isnan(d).any() else math.nan
 
     def result(self) -> dict:

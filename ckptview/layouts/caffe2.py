@@ -5,8 +5,8 @@ Caffe2 has no metadata file (the metadata handler was Facebook-internal), so an 
 when every node of the tree has a file for it and each parses completely; the latest is the
 largest complete epoch (the catalog derives both from file errors).
 
-A directory of loose ``.minidb`` files (predictor exports, ad-hoc ``Save`` ops) is one serial 0
-holding every file below it that the codec recognizes, each named after its relative path.
+A directory of loose ``.minidb`` files (predictor exports, ad-hoc ``Save`` ops) is left to the
+fallback ``files`` layout, which catalogues every file the codec recognizes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from ..codecs.caffe2 import sniff
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
 from .base import Layout
-from .files import SKIP_SUFFIXES
 
 _NAME = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
 MAX_SNIFFS = 3  # files sniffed per node before giving up on it
@@ -37,10 +36,7 @@ class Caffe2Layout(Layout):
     priority = 60  # needs a peek at file heads: after layouts that decide on names alone
 
     def guess_can_open(self, tree: Tree) -> bool:
-        return bool(self._nodes(tree, first_only=True)) or self._loose(tree)
-
-    def _loose(self, tree: Tree) -> bool:
-        return any(rel.lower().endswith(".minidb") for rel in tree.files(depth=1))
+        return bool(self._nodes(tree, first_only=True))
 
     def _candidates(self, tree: Tree) -> dict[str, dict[int, str]]:
         """node -> epoch -> relative path, for every ``<node>.<epoch>`` file in the root."""
@@ -71,8 +67,6 @@ class Caffe2Layout(Layout):
 
     def scan(self, tree: Tree) -> TreeScan:
         nodes = self._nodes(tree)
-        if not nodes:
-            return self._scan_loose(tree)
         epochs = sorted({e for files in nodes.values() for e in files})
         serials = []
         for epoch in epochs:
@@ -100,19 +94,6 @@ class Caffe2Layout(Layout):
                 )
             )
         return TreeScan(serials, attrs={"nodes": tuple(sorted(nodes)), "db_type": "minidb"})
-
-    def _scan_loose(self, tree: Tree) -> TreeScan:
-        """Loose minidb files: serial 0, every recognized file at any depth, path-prefixed."""
-        files = [f for f in tree.files() if not f.lower().endswith(SKIP_SUFFIXES)]
-        refs = [
-            FileRef(tree.abs(f), prefix="" if tree.single else f, size=tree.size(f), optional=True)
-            for f in files
-            if f.lower().endswith(".minidb") or tree.size(f)
-        ]
-        taken = {r.path for r in refs}
-        others = [tree.abs(f) for f in tree.files() if tree.abs(f) not in taken]
-        serial = SerialInfo(0, tree.abs(tree.single or ""), files=refs, other_files=others)
-        return TreeScan([serial], attrs={"db_type": "minidb", "loose": True})
 
 
 def _sniff(tree: Tree, rel: str) -> bool:

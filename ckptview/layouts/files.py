@@ -11,10 +11,11 @@ SKIP_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".lock", ".log", ".csv", ".py",
 
 
 class FilesLayout(Layout):
-    """Every file directly in the root is one part of a single checkpoint, serial 0.
+    """Every file below the root is one part of a single checkpoint, serial 0.
 
     Files a codec does not recognize are skipped. With several files, each variable name is
-    prefixed by its file's name so names from different files never collide.
+    prefixed by the file's path relative to the root, so names from different files never
+    collide.
     """
 
     name = "files"
@@ -24,7 +25,7 @@ class FilesLayout(Layout):
         return bool(self._candidates(tree))
 
     def _candidates(self, tree: Tree) -> list[str]:
-        return [f for f in tree.files(depth=1) if not f.lower().endswith(SKIP_SUFFIXES)]
+        return [f for f in tree.files() if not f.lower().endswith(SKIP_SUFFIXES)]
 
     def scan(self, tree: Tree) -> TreeScan:
         files = self._candidates(tree)
@@ -33,6 +34,6 @@ class FilesLayout(Layout):
             FileRef(tree.abs(f), prefix=f if many else "", size=tree.size(f), optional=many)
             for f in files
         ]
-        others = [tree.abs(f) for f in tree.files(depth=1) if f not in files]
+        others = [tree.abs(f) for f in tree.files() if f not in files]
         serial = SerialInfo(0, tree.abs(tree.single or ""), files=refs, other_files=others)
         return TreeScan([serial])

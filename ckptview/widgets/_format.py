@@ -1,0 +1,183 @@
+"""Display helpers shared by the widgets: sizes, statuses and catalog frames for tables.
+
+Pure pandas/numpy (no panel import), so they are cheap to unit-test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+
+STATUS_COLORS = {
+    "latest": "#1b5e20",
+    "complete": "#2e7d32",
+    "incomplete": "#b26a00",
+    "error": "#c62828",
+    "identical": "#546e7a",
+    "changed": "#1565c0",
+    "added": "#2e7d32",
+    "removed": "#6d4c41",
+    "shape_changed": "#ad1457",
+    "dtype_changed": "#6a1b9a",
+    "keep": "#2e7d32",
+    "delete": "#c62828",
+}
+
+
+def human_bytes(n) -> str:
+    """``1536`` -> ``"1.5 KiB"``; missing -> ``""``."""
+    if n is None or (isinstance(n, float) and math.isnan(n)) or n is pd.NA:
+        return ""
+    n = float(n)
+    for unit in _UNITS:
+        if abs(n) < 1024 or unit == _UNITS[-1]:
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"  # pragma: no cover
+
+
+def fmt_number(x, digits: int = 4) -> str:
+    """A compact, readable number: ``1.234e-07``, ``0.01234``, ``123.4``; NaN -> ``""``."""
+    if x is None or x is pd.NA:
+        return ""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(x):
+        return ""
+    if x == 0:
+        return "0"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if 1e-3 <= abs(x) < 1e5:
+        return f"{x:.{digits}g}"
+    return f"{x:.{max(digits - 1, 1)}e}"
+
+
+def fmt_shape(shape) -> str:
+    """``(3, 4)`` -> ``"3×4"``; ``()`` -> ``"scalar"``."""
+    shape = tuple(shape) if shape is not None else ()
+    return "×".join(str(int(d)) for d in shape) if shape else "scalar"
+
+
+def badge(status: str) -> str:
+    """An HTML chip for a status word (used with Tabulator's ``html`` formatter)."""
+    color = STATUS_COLORS.get(status, "#455a64")
+    return (
+        f'<span class="cv-badge cv-{status}" style="background:{color};color:white;'
+        f'border-radius:8px;padding:1px 8px;font-size:12px">{status}</span>'
+    )
+
+
+def _text(value) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
+
+
+def serial_status(row) -> str:
+    """One word for a serial: ``error`` beats ``latest`` beats ``complete``/``incomplete``."""
+    if _text(row["error"]):
+        return "error"
+    if bool(row["latest"]):
+        return "latest"
+    return "complete" if bool(row["complete"]) else "incomplete"
+
+
+def metrics_wide(cat) -> pd.DataFrame:
+    """``cat.metrics`` pivoted to one column per metric (index: serial)."""
+    m = cat.metrics
+    if m.empty:
+        return pd.DataFrame(index=pd.Index([], name="serial", dtype="int64"))
+    return m.pivot_table(index="serial", columns="name", values="value", aggfunc="last")
+
+
+def serials_frame(cat) -> pd.DataFrame:
+    """``cat.serials`` for the serials table: status, human size, time, epoch, step, metrics."""
+    df = cat.serials
+    out = pd.DataFrame(index=df.index.astype("int64"))
+    out["status"] = [serial_status(r) for _, r in df.iterrows()]
+    out["size"] = [human_bytes(n) for n in df["nbytes"]]
+    out["nbytes"] = df["nbytes"].astype("int64")
+    ts = df["timestamp"]
+    out["time"] = [t.strftime("%Y-%m-%d %H:%M:%S") if not pd.isna(t) else "" for t in ts]
+    out["epoch"] = [None if pd.isna(v) else int(v) for v in df["epoch"]]
+    out["step"] = [None if pd.isna(v) else int(v) for v in df["step"]]
+    out["files"] = df["n_files"].astype("int64")
+    out["variables"] = df["n_variables"].astype("int64")
+    out["nodes"] = [", ".join(n) for n in df["nodes"]]
+    for name, col in metrics_wide(cat).items():
+        out[str(name)] = [fmt_number(col.get(s)) for s in out.index]
+    out["error"] = [_text(e) for e in df["error"]]
+    out.index.name = "serial"
+    return out.reset_index().astype(object)
+
+
+def variables_frame(cat, serial: int) -> pd.DataFrame:
+    """The variables of one serial for the variables table, biggest first."""
+    df = cat.variables
+    df = df[df["serial"] == serial]
+    total = max(int(df["nbytes"].sum()), 1)
+    out = pd.DataFrame(
+        {
+            "node": df["node"].astype(object),
+            "name": df["name"].astype(object),
+            "kind": df["kind"].astype(object),
+            "dtype": df["dtype"].astype(object),
+            "shape": [fmt_shape(s) for s in df["shape"]],
+            "numel": df["numel"].astype("int64"),
+            "size": [human_bytes(n) for n in df["nbytes"]],
+            "nbytes": df["nbytes"].astype("int64"),
+            "share": (100.0 * df["nbytes"] / total).round(1),
+            "error": [_text(e) for e in df["error"]],
+        }
+    )
+    return out.sort_values(["nbytes", "name"], ascending=[False, True]).reset_index(drop=True)
+
+
+def totals_frame(variables: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Count and bytes of ``variables`` (a :func:`variables_frame`) per ``by`` column."""
+    if variables.empty:
+        return pd.DataFrame(columns=[by, "count", "size", "nbytes"])
+    g = variables.groupby(by, sort=False)
+    out = pd.DataFrame({"count": g.size(), "nbytes": g["nbytes"].sum()}).reset_index()
+    out[by] = out[by].replace("", "(shared)")
+    out["size"] = [human_bytes(n) for n in out["nbytes"]]
+    out = out.sort_values("nbytes", ascending=False)
+    return out[[by, "count", "size", "nbytes"]].reset_index(drop=True).astype(object)
+
+
+def as_float(chunk: np.ndarray) -> np.ndarray:
+    """Values as float64 for plotting (complex -> magnitude, bool/int -> float)."""
+    chunk = np.asarray(chunk).reshape(-1)
+    if np.iscomplexobj(chunk):
+        return np.abs(chunk).astype(np.float64)
+    return chunk.astype(np.float64, copy=False)
+
+
+def streamed_histogram(chunks_factory, bins: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """Histogram of finite values over chunks, in bounded memory (two passes).
+
+    ``chunks_factory()`` returns a fresh iterable of array chunks each time it is called.
+    """
+    lo, hi = math.inf, -math.inf
+    for chunk in chunks_factory():
+        x = as_float(chunk)
+        x = x[np.isfinite(x)]
+        if x.size:
+            lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+    if lo > hi:
+        return np.zeros(0), np.zeros(1)
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    edges = np.linspace(lo, hi, bins + 1)
+    counts = np.zeros(bins, dtype=np.int64)
+    for chunk in chunks_factory():
+        x = as_float(chunk)
+        counts += np.histogram(x[np.isfinite(x)], bins=edges)[0]
+    return counts, edges
