@@ -21,20 +21,29 @@ def open(  # noqa: A001 - the public name is ckptview.open
     layout: str | None = None,
     storage_options: dict | None = None,
     executor: Executor | None = None,
+    cache=None,
 ) -> Catalog:
-    """Open a checkpoint tree (a directory, a file, or a file prefix) at any fsspec URL."""
+    """Open a checkpoint tree (a directory, a file, or a file prefix) at any fsspec URL.
+
+    ``cache`` (an extra to the DESIGN.md signature): None uses the process-wide header cache,
+    a directory path adds an on-disk cache there, False keeps the catalog's cache private
+    (see :mod:`ckptview.cache`). A rescan of unchanged files reads no header again.
+    """
+    from .cache import resolve
+
     storage, path = Storage.from_url(os.fspath(url), storage_options)
     try:
         tree = Tree.at(storage, path)
     except FileNotFoundError:
         raise FileNotFoundError(f"no such checkpoint tree: {url}") from None
+    tree.cache = cache = resolve(cache)
     if layout is not None:
-        return Catalog(tree, registry.get_layout(layout), executor)
+        return Catalog(tree, registry.get_layout(layout), executor, cache)
     tried = []
     for name, candidate in registry.layouts().items():
         tried.append(name)
         if candidate.guess_can_open(tree):
-            return Catalog(tree, candidate, executor)
+            return Catalog(tree, candidate, executor, cache)
     raise UnknownTreeError(
         f"no layout recognizes {url} ({len(tree.entries)} entries); tried: {', '.join(tried)}"
     )

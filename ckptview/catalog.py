@@ -79,11 +79,16 @@ def _message(e: BaseException) -> str:
 class Catalog:
     """A checkpoint tree's serials, variables and metrics (see DESIGN.md §3)."""
 
-    def __init__(self, tree: Tree, layout, executor: Executor | None = None):
+    def __init__(self, tree: Tree, layout, executor: Executor | None = None, cache=None):
+        from .cache import resolve
+
         self.tree = tree
         self.storage = tree.storage
         self._layout = layout
         self.executor = executor
+        self.cache = resolve(cache)  # header cache: see ckptview.cache
+        if getattr(tree, "cache", None) is None:
+            tree.cache = self.cache
         self._lock = threading.RLock()
         self._scan: TreeScan | None = None
         self._results: list[FileResult] | None = None
@@ -121,13 +126,19 @@ class Catalog:
             return self._results
 
     def _run(self, jobs: list[tuple[int, FileRef]]) -> list[FileResult]:
-        if not jobs:
-            return []
-        if len(jobs) == 1:
-            return [list_file(self.storage, *jobs[0])]
+        """List files through the header cache; misses run concurrently on the executor."""
+        from .cache import run_listings
+
         ex = self.executor or default_executor()
-        futures = [ex.submit(list_file, self.storage, serial, ref) for serial, ref in jobs]
-        return [f.result() for f in futures]
+        return run_listings(self.storage, self.tree, jobs, ex, self.cache)
+
+    def __getstate__(self) -> dict:  # picklable for process executors (Dask diff/stats jobs)
+        state = self.__dict__.copy()
+        state.update(_lock=None, executor=None, _tables={})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.RLock())
 
     def _build_index(self) -> None:
         self._index = {}
@@ -341,6 +352,7 @@ class Catalog:
         with self._lock:
             if self.tree._entries is None:
                 self.tree.__dict__.pop("entries", None)
+                self.storage.fs.invalidate_cache(self.tree.root)  # s3fs & co. cache listings
             self._scan = self._results = None
             self._tables = {}
             self._index = {}

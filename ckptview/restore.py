@@ -173,6 +173,9 @@ def managed(layout: Layout) -> Layout:
     if cls not in _MANAGED:
         own = {h: getattr(mixin, h) for h in HOOKS
                if h in vars(mixin) and getattr(cls, h) is getattr(Layout, h)}  # fmt: skip
+        if own:  # the fallback's private helpers come along
+            own.update({k: v for k, v in vars(mixin).items()
+                        if k.startswith("_") and not k.startswith("__")})  # fmt: skip
         _MANAGED[cls] = type(f"Managed{cls.__name__}", (cls,), own) if own else cls
     return layout if _MANAGED[cls] is cls else _MANAGED[cls]()
 

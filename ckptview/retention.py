@@ -219,7 +219,8 @@ def _protected(cat, table: pd.DataFrame) -> dict[int, str]:
     if latest_complete is not None:
         out[latest_complete] = "latest complete"
     if cat.latest is not None:
-        out[int(cat.latest)] = "resume point"
+        s = int(cat.latest)
+        out[s] = f"{out[s]}, resume point" if s in out else "resume point"
     return out
 
 

@@ -20,6 +20,7 @@ class Tree:
         self.root = root.rstrip("/") or "/"
         self._entries = entries
         self.single: str | None = None  # set when the tree is one file
+        self.cache = None  # a ckptview.cache.HeaderCache for small-file reads, set by open()
 
     @classmethod
     def at(cls, storage: Storage, path: str) -> Tree:
@@ -103,8 +104,14 @@ class Tree:
 
     def read_bytes(self, rel: str, limit: int = 1 << 20) -> bytes:
         """A small file's bytes (at most ``limit``: markers, state files, JSON)."""
-        blob = self.blob(rel)
-        return blob.read_upto(0, limit)
+        cache = self.cache
+        key = cache.key("bytes", self.url(rel), self.entries.get(rel), limit) if cache else None
+        data = cache.get(key) if key else None
+        if data is None:
+            data = self.blob(rel).read_upto(0, limit)
+            if key:
+                cache.put(key, data)
+        return data
 
     def read_text(self, rel: str, limit: int = 1 << 20) -> str:
         return self.read_bytes(rel, limit).decode("utf-8", "replace")

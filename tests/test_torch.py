@@ -15,7 +15,9 @@ import ckptview as cv
 from ckptview.codecs.torch import LEGACY_MAGIC
 
 GT = ground_truth("modern/ground_truth.json")["files"]
-TORCH_FILES = sorted(k for k, v in GT.items() if v.get("format") in ("torch_zip", "torch_legacy_pickle"))
+TORCH_FILES = sorted(
+    k for k, v in GT.items() if v.get("format") in ("torch_zip", "torch_legacy_pickle")
+)
 
 
 def _rows(cat) -> dict:

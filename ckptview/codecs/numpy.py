@@ -140,6 +140,7 @@ class _Member:
     nbytes: int
     dtype: str  # on-disk dtype string
     order: str
+    crc: int  # zip CRC-32 of the whole member (header included)
 
 
 class NpzCodec(Codec):
@@ -202,6 +203,7 @@ class NpzCodec(Codec):
                 header.nbytes,
                 header.dtype.str,
                 order,
+                info.CRC,
             )
             return var
         except Exception as e:  # noqa: BLE001 - one bad member is an error row, not a failed file
@@ -210,9 +212,7 @@ class NpzCodec(Codec):
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
         loc = var.locator
         if isinstance(loc, _Member):
-            data = b"".join(_inflate(blob, loc.offset, loc.compressed, loc.skip, loc.nbytes))
-            if len(data) < loc.nbytes:
-                raise ValueError(f"{var.name}: compressed member ends early")
+            data = b"".join(_checked(blob, loc, var.name))
             arr = np.frombuffer(data, dtype=np.dtype(loc.dtype)).reshape(var.shape, order=loc.order)
             return arr.astype(arr.dtype.newbyteorder("="), copy=False)
         if isinstance(loc, tuple) and loc[0] == "raw":
@@ -230,13 +230,29 @@ class NpzCodec(Codec):
         dt = np.dtype(loc.dtype)
         step = max(dt.itemsize, max_bytes - max_bytes % dt.itemsize)
         pending = b""
-        for piece in _inflate(blob, loc.offset, loc.compressed, loc.skip, loc.nbytes):
+        for piece in _checked(blob, loc, var.name):
             pending += piece
             while len(pending) >= step:
                 yield np.frombuffer(pending[:step], dtype=dt).astype(dt.newbyteorder("="))
                 pending = pending[step:]
         if pending or var.numel == 0:
             yield np.frombuffer(pending, dtype=dt).astype(dt.newbyteorder("="))
+
+
+def _checked(blob: Blob, loc: _Member, name: str) -> Iterator[bytes]:
+    """A deflated member's values in pieces; the CRC-32 is verified after the last one."""
+    crc = 0
+    got = 0
+    for piece in _inflate(blob, loc.offset, loc.compressed, 0, loc.skip + loc.nbytes):
+        crc = zlib.crc32(piece, crc)
+        head = max(0, loc.skip - got)
+        got += len(piece)
+        if head < len(piece):
+            yield piece[head:]
+    if got < loc.skip + loc.nbytes:
+        raise ValueError(f"{name}: compressed member ends early")
+    if crc != loc.crc:
+        raise ValueError(f"{name}: CRC-32 mismatch (corrupt compressed member)")
 
 
 def _payload_offset(blob: Blob, info: zipfile.ZipInfo) -> int:

@@ -33,7 +33,7 @@ from .base import Codec, PartialRead
 
 ZIP_MAGIC = b"PK\x03\x04"
 LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
-SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".tar", ".distcp")
+SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 MAX_LIST = 4096  # lists of numbers longer than this are not shown as variables
 
 

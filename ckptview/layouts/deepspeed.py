@@ -3,8 +3,9 @@
 specs/modern.md §8: rank 0 writes ``latest`` (the tag, no newline) after every rank saved, so
 a tag is complete when it is the one ``latest`` names or an older one holding model states; a
 tag newer than ``latest`` is an interrupted save. Without ``latest`` (``save_latest=False``)
-every tag with model states counts. ``latest`` naming a missing tag resumes nothing: latest is
-None and ``TreeScan.attrs["latest_tag_missing"]`` says so. Files map to nodes by rank:
+every tag with model states counts. ``latest`` naming a missing tag resumes nothing: the scan
+reports that tag's number as the framework's pick and ``attrs["latest_tag_missing"]``, and the
+catalog falls back to the newest loadable older tag. Files map to nodes by rank:
 ``mp_rank_XX_model_states.pt`` (node ``mpX`` when model-parallel), ``[bf16_]zero_pp_rank_D_
 mp_rank_XX_{optim,model}_states.pt`` (node ``rankD``), MoE ``expp_rank_E…`` / ``layer_L_expert_E…``.
 """
@@ -109,6 +110,7 @@ class DeepSpeedLayout(Layout):
             scan.latest_rule = True
             scan.latest = pointed
             scan.attrs["latest_tag"] = tag
-            if pointed is None:
+            if pointed is None:  # the catalog falls back to the newest loadable older tag
+                scan.latest = trailing_int(tag)
                 scan.attrs["latest_tag_missing"] = True
         return scan

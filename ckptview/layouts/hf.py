@@ -39,9 +39,12 @@ WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth")
 SIMPLE = (str, int, float, bool, type(None))
 
 
-def weight_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]:
+def weight_refs(
+    tree: Tree, rel_dir: str, meta: dict | None = None
+) -> tuple[list[FileRef], list[str]]:
     """Model weight files of a directory (single or sharded) and the index files consumed.
 
+    The indexes' ``metadata`` is merged into ``meta`` when given.
     Shards listed by a ``*.index.json`` get the logical prefix of their stem (``model``), so
     names carry no shard prefix; other weight files get the prefix of their stem.
     """
@@ -54,9 +57,12 @@ def weight_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]:
             continue
         weights = name[: -len(".index.json")]
         stem = weights.rsplit(".", 1)[0]
-        shards = _index_shards(tree, prefix + name)
+        index = read_json(tree, prefix + name)
+        shards = _index_shards(index)
         if shards is None:
             continue
+        if meta is not None and isinstance(index.get("metadata"), dict):
+            meta.update(index["metadata"])
         used.append(prefix + name)
         for shard in shards:
             if tree.exists(prefix + shard):
@@ -79,13 +85,9 @@ def _weight_ref(tree: Tree, rel: str, prefix: str) -> FileRef:
     return FileRef(tree.abs(rel), prefix=prefix, kind="model", codec=codec, size=tree.size(rel))
 
 
-def _index_shards(tree: Tree, rel: str) -> list[str] | None:
-    """Shard file names of a ``*.index.json`` (weight_map values), or None if unreadable."""
-    try:
-        index = json.loads(tree.read_text(rel, limit=64 << 20))
-        weight_map = index["weight_map"]
-    except (ValueError, KeyError, TypeError):
-        return None
+def _index_shards(index: Any) -> list[str] | None:
+    """Shard file names of a parsed ``*.index.json`` (weight_map values), or None."""
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         return None
     return sorted({v for v in weight_map.values() if isinstance(v, str) and "/" not in v})
@@ -318,15 +320,11 @@ class SafetensorsShardedLayout(Layout):
         )
 
     def scan(self, tree: Tree) -> TreeScan:
-        refs, _used = weight_refs(tree, "")
+        meta: dict = {}
+        refs, _used = weight_refs(tree, "", meta)
         for ref in refs:
             ref.prefix = ""  # a bare model: the logical names themselves
         paths = {tree.rel(r.path) for r in refs}
         others = [tree.abs(f) for f in tree.files(depth=1) if f not in paths]
         info = SerialInfo(0, tree.abs(""), files=refs, other_files=others)
-        meta = {}
-        for f in _used:
-            index = read_json(tree, f)
-            if isinstance(index, dict) and isinstance(index.get("metadata"), dict):
-                meta.update(index["metadata"])
         return TreeScan([info], attrs={"metadata": meta} if meta else {})

@@ -61,6 +61,7 @@ class Workspace(param.Parameterized):
 
     runs = param.Dict(default={}, doc="label -> ckptview.Catalog")
     guard = param.ClassSelector(class_=Guard, doc="roots and write access")
+    changed = param.Integer(default=0, doc="bumped after a restore or retention changed a tree")
 
     def __init__(self, catalogs=None, guard: Guard | None = None, **params):
         super().__init__(guard=guard or Guard(restrict=False, allow_write=True), **params)
@@ -80,6 +81,10 @@ class Workspace(param.Parameterized):
         label = label_for(catalog.url, self.runs)
         self.runs = {**self.runs, label: catalog}
         return label
+
+    def touch(self) -> None:
+        """Tell the views that a tree changed (they rebuild from the refreshed catalog)."""
+        self.changed += 1
 
     @property
     def allow_write(self) -> bool:

@@ -1,0 +1,269 @@
+"""Header cache: what a file's header said, keyed by the file's identity on storage.
+
+A catalog lists each data file once (codec, ``VarInfo`` list, error) and each small layout file
+(markers, state JSON) once. Both are remembered under ``(url, size, mtime, etag, …)``, so a
+rescan of an unchanged tree — a second ``ckptview.open`` or ``Catalog.refresh`` — redoes the
+listing only and reads no header again; a file whose size, mtime or ETag changed is re-read.
+
+Entries live in a process-wide, bounded LRU in memory (weighted by variables and bytes) and,
+optionally, in a directory on disk (``ckptview.open(url, cache="~/.cache/ckptview")``, or
+``configure(directory=...)`` / ``$CKPTVIEW_CACHE_DIR`` for every open). Disk entries are
+pickles written by this module into a directory created private (0700); point the cache at a
+directory only you can write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+#: a cached file listing: (codec name, variables, error)
+Listing = tuple[str | None, list, str | None]
+
+DEFAULT_MAX_WEIGHT = 2_000_000  # ~ variable rows + small-file KiB held in memory
+FORMAT = 1  # bump when VarInfo/Span change shape: old disk entries are then ignored
+
+
+class HeaderCache:
+    """A bounded LRU of listings and small-file bytes, optionally backed by a directory."""
+
+    def __init__(self, directory: str | os.PathLike | None = None,
+                 max_weight: int = DEFAULT_MAX_WEIGHT):  # fmt: skip
+        self.directory = Path(directory).expanduser() if directory else None
+        self.max_weight = int(max_weight)
+        self._items: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._weight = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def __reduce__(self):  # a catalog shipped to a worker gets a fresh, empty cache
+        return (HeaderCache, (self.directory, self.max_weight))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    # -- keys ------------------------------------------------------------------------
+    @staticmethod
+    def key(kind: str, url: str, info: dict | None, *extra: Any) -> str | None:
+        """A key for a file, or None when its identity is unknown (no size, or no mtime/ETag)."""
+        if not info or info.get("type") == "directory":
+            return None
+        mtime, etag = info.get("mtime"), info.get("etag")
+        if mtime is None and not etag:
+            return None
+        stamp = mtime.isoformat() if hasattr(mtime, "isoformat") else str(mtime)
+        parts = (FORMAT, kind, url, int(info.get("size") or 0), stamp, etag or "", *extra)
+        return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+    # -- get / put --------------------------------------------------------------------
+    def get(self, key: str | None) -> Any | None:
+        if key is None:
+            return None
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return hit[0]
+        value = self._load(key)
+        with self._lock:
+            if value is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+        if value is not None:
+            self._remember(key, value)
+        return value
+
+    def put(self, key: str | None, value: Any) -> None:
+        if key is None or value is None:
+            return
+        self._remember(key, value)
+        self._store(key, value)
+
+    def clear(self) -> None:
+        """Forget the memory entries (disk entries stay)."""
+        with self._lock:
+            self._items.clear()
+            self._weight = 0
+
+    def _remember(self, key: str, value: Any) -> None:
+        weight = _weight(value)
+        if weight > self.max_weight:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._weight -= old[1]
+            self._items[key] = (value, weight)
+            self._weight += weight
+            while self._weight > self.max_weight and self._items:
+                _, (_, w) = self._items.popitem(last=False)
+                self._weight -= w
+
+    # -- disk -------------------------------------------------------------------------
+    def _file(self, key: str) -> Path | None:
+        return self.directory / key[:2] / f"{key}.pkl" if self.directory else None
+
+    def _load(self, key: str) -> Any | None:
+        path = self._file(key)
+        if path is None or not path.exists():
+            return None
+        try:
+            return pickle.loads(path.read_bytes())
+        except Exception:  # noqa: BLE001 - a stale or broken entry is a miss
+            return None
+
+    def _store(self, key: str, value: Any) -> None:
+        path = self._file(key)
+        if path is None:
+            return
+        try:
+            data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - a listing holding live objects stays in memory only
+            return
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _weight(value: Any) -> int:
+    if isinstance(value, (bytes, bytearray)):
+        return 1 + len(value) // 1024
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], list):
+        return 1 + len(value[1])
+    return 1
+
+
+# -- the process-wide default ----------------------------------------------------------------
+_DEFAULT: HeaderCache | None = None
+_DIRS: dict[Path, HeaderCache] = {}
+_GLOBAL_LOCK = threading.Lock()
+
+
+def configure(directory: str | os.PathLike | None = None,
+              max_weight: int = DEFAULT_MAX_WEIGHT) -> HeaderCache:  # fmt: skip
+    """Replace the process-wide cache (used by every ``ckptview.open`` without ``cache=``)."""
+    global _DEFAULT
+    with _GLOBAL_LOCK:
+        _DEFAULT = HeaderCache(directory, max_weight)
+        return _DEFAULT
+
+
+def default_cache() -> HeaderCache:
+    """The process-wide cache (memory; on disk too when ``$CKPTVIEW_CACHE_DIR`` is set)."""
+    global _DEFAULT
+    with _GLOBAL_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = HeaderCache(os.environ.get("CKPTVIEW_CACHE_DIR") or None)
+        return _DEFAULT
+
+
+def resolve(cache: Any) -> HeaderCache:
+    """``ckptview.open``'s ``cache=``: None → the process-wide cache; False → a private one
+    (so the catalog's own ``refresh`` still rereads only what changed); a path → memory plus
+    that directory (one cache per directory per process); a HeaderCache → itself."""
+    if cache is None or cache is True:
+        return default_cache()
+    if cache is False:
+        return HeaderCache()
+    if isinstance(cache, HeaderCache):
+        return cache
+    path = Path(os.fspath(cache)).expanduser().resolve()
+    with _GLOBAL_LOCK:
+        if path not in _DIRS:
+            _DIRS[path] = HeaderCache(path)
+        return _DIRS[path]
+
+
+# -- listing files through the cache --------------------------------------------------------
+def listing_key(cache: HeaderCache, tree, ref) -> str | None:
+    """The cache key of one data file as a layout hands it over (forced codec and hints count)."""
+    info = tree.entries.get(tree.rel(ref.path))
+    if info is not None and ref.size is not None and info.get("size") != ref.size:
+        return None
+    hints = repr(sorted((str(k), repr(v)) for k, v in (ref.hints or {}).items()))
+    return cache.key("listing", tree.storage.url(ref.path), info, ref.codec or "", hints,
+                     ref.optional)  # fmt: skip
+
+
+def _origin() -> tuple[str, int]:
+    return (os.uname().nodename, os.getpid())
+
+
+def list_job(storage, serial: int, ref, origin: tuple[str, int]):
+    """``list_file`` for an executor: in another process the Storage is a copy, so the bytes and
+    requests it counted come back with the result (added to the caller's counters)."""
+    from .catalog import list_file
+
+    remote = _origin() != origin
+    if remote:
+        storage.counters.reset()
+    res = list_file(storage, serial, ref)
+    delta = (storage.counters.bytes_read, storage.counters.requests) if remote else None
+    return res, delta
+
+
+def run_listings(storage, tree, jobs: list, executor, cache: HeaderCache | None) -> list:
+    """``FileResult`` per ``(serial, FileRef)`` job: cached ones from ``cache``, the rest listed
+    concurrently on ``executor`` (any ``concurrent.futures.Executor``, Dask's included)."""
+    from .catalog import FileResult, list_file
+
+    out: list = [None] * len(jobs)
+    keys: list[str | None] = [None] * len(jobs)
+    todo = []
+    for i, (serial, ref) in enumerate(jobs):
+        if cache is not None:
+            keys[i] = listing_key(cache, tree, ref)
+            hit = cache.get(keys[i])
+            if hit is not None:
+                out[i] = FileResult(serial, ref, *hit)
+                continue
+        todo.append(i)
+    if len(todo) == 1 or (todo and executor is None):
+        for i in todo:
+            out[i] = list_file(storage, *jobs[i])
+    elif todo:
+        origin = _origin()
+        futures = [(i, executor.submit(list_job, storage, *jobs[i], origin)) for i in todo]
+        for i, fut in futures:
+            res, delta = fut.result()
+            res.ref = jobs[i][1]
+            if delta is not None:
+                with storage.counters.lock:
+                    storage.counters.bytes_read += delta[0]
+                    storage.counters.requests += delta[1]
+            out[i] = res
+    if cache is not None:
+        for i in todo:
+            res = out[i]
+            if not transient(res.error):
+                cache.put(keys[i], (res.codec, res.variables, res.error))
+    return out
+
+
+#: errors of reaching the storage, not of the file: never cached (a retry may succeed)
+TRANSIENT = ("OSError", "IOError", "PermissionError", "FileNotFoundError", "ConnectionError",
+             "TimeoutError", "ClientError", "ClientPayloadError", "ServerTimeoutError",
+             "ReadTimeoutError", "EndpointConnectionError", "NoCredentialsError")  # fmt: skip
+
+
+def transient(error: str | None) -> bool:
+    """True when a listing error says the storage failed (access, network), not the file."""
+    return bool(error) and error.split(":", 1)[0].strip() in TRANSIENT

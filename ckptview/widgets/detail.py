@@ -1,0 +1,102 @@
+"""One variable: header facts, statistics on demand and a histogram of its values."""
+
+from __future__ import annotations
+
+import pandas as pd
+import panel as pn
+import param
+
+import ckptview as cv
+
+from . import plots
+from ._base import in_background, table
+from ._format import fmt_number, fmt_shape, human_bytes, streamed_histogram
+
+STAT_ORDER = ["min", "max", "mean", "std", "l2", "n_nan", "n_inf", "frac_zero"]
+
+
+def variable_stats(cat: cv.Catalog, name: str, serial: int, node: str = "") -> dict:
+    """``cat.stats`` for one (node, name) as a dict."""
+    df = cat.stats(serial, names=[name])
+    df = df[df["node"] == node] if (df["node"] == node).any() else df
+    return df.iloc[0].to_dict()
+
+
+def variable_histogram(cat: cv.Catalog, name: str, serial: int, node: str = "", bins: int = 40):
+    """``(counts, edges)`` of a variable's finite values, streamed in chunks."""
+    return streamed_histogram(lambda: cat.iter_chunks(name, serial=serial, node=node), bins)
+
+
+class VariableDetail(pn.viewable.Viewer):
+    """Shape, dtype, file; ``Compute`` streams the values for statistics and a histogram."""
+
+    catalog = param.ClassSelector(class_=cv.Catalog)
+    serial = param.Integer(default=None, allow_None=True)
+    node = param.String(default="")
+    variable = param.String(default="", doc="the variable's name")
+
+    def __init__(self, catalog: cv.Catalog, **params):
+        super().__init__(catalog=catalog, **params)
+        self.info = pn.pane.Markdown("*Click a variable to see it here.*",
+                                     css_classes=["ckptview-detail-info"],
+                                     sizing_mode="stretch_width")  # fmt: skip
+        self.button = pn.widgets.Button(name="Statistics and histogram", button_type="primary",
+                                        disabled=True, css_classes=["ckptview-stats-button"])  # fmt: skip
+        self.button.on_click(self._on_compute)
+        self.stats = table(pd.DataFrame(columns=["statistic", "value"]),
+                           css_classes=["ckptview-stats"], sizing_mode="stretch_width")  # fmt: skip
+        self.plot = pn.pane.HoloViews(plots.empty("histogram: press the button"),
+                                      sizing_mode="stretch_width", backend="bokeh",
+                                      css_classes=["ckptview-histogram"])  # fmt: skip
+        self.body = pn.Column(self.info, self.button, pn.Row(self.stats, self.plot),
+                              sizing_mode="stretch_width")  # fmt: skip
+        self._describe()
+
+    @param.depends("catalog", "serial", "node", "variable", watch=True)
+    def _describe(self) -> None:
+        self.stats.value = pd.DataFrame(columns=["statistic", "value"])
+        self.plot.object = plots.empty("histogram: press the button")
+        if not self.variable or self.serial is None:
+            self.button.disabled = True
+            return
+        v = self.catalog.variables
+        row = v[(v["serial"] == self.serial) & (v["name"] == self.variable) & (v["node"] == self.node)]
+        if row.empty:
+            self.info.object = f"No variable `{self.variable}` in serial {self.serial}."
+            self.button.disabled = True
+            return
+        r = row.iloc[0]
+        err = r["error"] if isinstance(r["error"], str) and r["error"] else None
+        self.info.object = "\n".join(
+            [
+                f"#### `{self.variable}`" + (f" on `{self.node}`" if self.node else ""),
+                f"serial **{self.serial}** · kind **{r['kind']}** · dtype **{r['dtype']}** · "
+                f"shape **{fmt_shape(r['shape'])}** · {int(r['numel']):,} values · "
+                f"{human_bytes(int(r['nbytes']))}",
+                f"file: `{r['file']}`",
+                *([f"**error:** {err}"] if err else []),
+            ]
+        )
+        self.button.disabled = bool(err) or r["dtype"] == "object"
+
+    def compute(self) -> tuple[dict, tuple]:
+        """Statistics and histogram of the current variable (blocking; runs in a thread)."""
+        st = variable_stats(self.catalog, self.variable, self.serial, self.node)
+        hist = variable_histogram(self.catalog, self.variable, self.serial, self.node)
+        return st, hist
+
+    def show(self, result: tuple[dict, tuple]) -> None:
+        """Put :meth:`compute`'s result on screen."""
+        st, (counts, edges) = result
+        rows = [(k, fmt_number(st.get(k))) for k in STAT_ORDER if k in st]
+        self.stats.value = pd.DataFrame(rows, columns=["statistic", "value"])
+        self.plot.object = plots.histogram(counts, edges, f"{self.variable} (serial {self.serial})")
+
+    async def _on_compute(self, event=None) -> None:
+        try:
+            self.show(await in_background(self.body, self.compute))
+        except Exception as e:  # noqa: BLE001 - shown to the user, never a dead page
+            self.info.object += f"\n\n**could not compute:** {type(e).__name__}: {e}"
+
+    def __panel__(self):
+        return self.body

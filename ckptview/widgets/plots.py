@@ -1,0 +1,68 @@
+"""HoloViews plots used by the widgets (bokeh backend)."""
+
+from __future__ import annotations
+
+import holoviews as hv
+import holoviews.plotting.bokeh  # noqa: F401 - registers the bokeh backend's plot classes
+import numpy as np
+import pandas as pd
+
+from ._format import STATUS_COLORS
+
+hv.Store.set_current_backend("bokeh")
+
+PLOT = dict(responsive=True, height=260, tools=["hover"], toolbar="above", default_tools=[])
+
+
+def empty(message: str = "nothing to plot") -> hv.Element:
+    """A blank plot carrying a title (a pane is never left without content)."""
+    return hv.Curve([]).opts(title=message, responsive=True, height=200, toolbar=None)
+
+
+def histogram(counts: np.ndarray, edges: np.ndarray, title: str, color: str = "#1565c0"):
+    """A histogram from precomputed ``counts`` and bin ``edges``."""
+    if len(counts) == 0:
+        return empty(f"{title}: no finite values")
+    return hv.Histogram((edges, counts), kdims=["value"], vdims=["count"]).opts(
+        title=title, color=color, line_color=None, **PLOT
+    )
+
+
+def heatmap(values: np.ndarray, title: str):
+    """A 2-D array as an image (diverging colours centred on zero)."""
+    values = np.asarray(values, dtype=np.float64)
+    h, w = values.shape
+    lim = float(np.nanmax(np.abs(values))) if values.size else 1.0
+    lim = lim or 1.0
+    img = hv.Image(values[::-1], bounds=(0, 0, w, h), kdims=["column", "row"], vdims=["delta"])
+    return img.opts(title=title, cmap="RdBu_r", clim=(-lim, lim), colorbar=True, **PLOT)
+
+
+def timeline(frame: pd.DataFrame, x: str, y: str, ylabel: str, title: str):
+    """Serials over ``x`` (step or serial): a line plus status-coloured points."""
+    data = frame[[x, y, "serial", "status"]].dropna(subset=[x, y])
+    if data.empty:
+        return empty(f"{title}: no values")
+    data = data.astype({x: "float64", y: "float64"})
+    curve = hv.Curve(data, x, [y, "serial"]).opts(color="#90a4ae")
+    points = hv.Scatter(data, x, [y, "serial", "status"]).opts(
+        color=hv.dim("status").categorize(STATUS_COLORS, default="#455a64"), size=9,
+        tools=["hover"],
+    )  # fmt: skip
+    return (curve * points).opts(title=title, ylabel=ylabel, xlabel=x, responsive=True, height=240)
+
+
+def trajectories(series: list[pd.Series], stat: str):
+    """One curve per variable: ``stat`` across serials."""
+    if not series:
+        return empty("pick one or more variables")
+    curves = [
+        hv.Curve((s.index.to_numpy(), s.to_numpy()), "serial", stat, label=str(s.name))
+        * hv.Scatter((s.index.to_numpy(), s.to_numpy()), "serial", stat, label=str(s.name))
+        for s in series
+    ]
+    return hv.Overlay(curves).opts(
+        hv.opts.Curve(tools=["hover"]), hv.opts.Scatter(size=6, tools=["hover"]),
+        hv.opts.Overlay(title=f"{stat} across serials", responsive=True, height=320,
+                        legend_position="right"),
+    )  # fmt: skip

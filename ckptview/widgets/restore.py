@@ -1,0 +1,140 @@
+"""Restore a serial: choose it, the mode and the destination; see the plan; then confirm."""
+
+from __future__ import annotations
+
+import pandas as pd
+import panel as pn
+import param
+
+from ._base import Workspace, as_workspace, in_background, table
+from ._format import human_bytes
+
+MODES = {"in place (the framework resumes from it)": "in_place", "copy to URL": "copy"}
+
+
+class RestoreView(pn.viewable.Viewer):
+    """``cat.restore(serial, to, dry_run=True)`` shown first; the change runs on confirm."""
+
+    run = param.Selector(objects=[])
+    serial = param.Selector(objects=[])
+    mode = param.Selector(default="in_place", objects=MODES)
+    destination = param.String(default="", doc="URL for a copy (must be under the roots)")
+
+    def __init__(self, workspace, **params):
+        self.workspace: Workspace = as_workspace(workspace)
+        super().__init__(**params)
+        self.planned = None
+        self.message = pn.pane.Alert("Choose a serial and press **Plan**.", alert_type="info",
+                                     css_classes=["ckptview-restore-message"],
+                                     sizing_mode="stretch_width")  # fmt: skip
+        self.plan_button = pn.widgets.Button(name="Plan (dry run)", button_type="primary",
+                                             css_classes=["ckptview-restore-plan"])  # fmt: skip
+        self.plan_button.on_click(self._on_plan)
+        self.confirm = pn.widgets.Button(name="Restore", button_type="danger", visible=False,
+                                         css_classes=["ckptview-restore-confirm"])  # fmt: skip
+        self.confirm.on_click(self._on_confirm)
+        self.ops = table(pd.DataFrame(columns=["kind", "path", "size", "note"]),
+                         pagination="local", page_size=15, css_classes=["ckptview-restore-ops"])  # fmt: skip
+        self.body = pn.Column(self.message, self.confirm, self.ops, sizing_mode="stretch_width")
+        self.workspace.param.watch(lambda e: self._runs(), ["runs", "changed"])
+        self._runs()
+
+    def _runs(self) -> None:
+        labels = list(self.workspace.runs)
+        self.param.run.objects = labels
+        if labels:
+            self.run = self.run if self.run in labels else labels[0]
+        self._serials()
+
+    @param.depends("run", watch=True)
+    def _serials(self) -> None:
+        if self.run is None:
+            return
+        table_ = self.workspace.runs[self.run].serials
+        choices = [int(s) for s in table_.index[table_["complete"]]]
+        self.param.serial.objects = choices
+        if choices and self.serial not in choices:
+            self.serial = choices[0]
+
+    @param.depends("run", "serial", "mode", "destination", watch=True)
+    def _forget_plan(self) -> None:
+        self.planned = None
+        self.confirm.visible = False
+
+    def _target(self) -> str | None:
+        if self.mode == "in_place":
+            return None
+        if not self.destination.strip():
+            raise ValueError("give a destination URL for the copy")
+        return self.workspace.guard.check_url(self.destination.strip())
+
+    def plan(self):
+        """The dry run for the current choices (changes nothing)."""
+        cat = self.workspace.runs[self.run]
+        return cat.restore(int(self.serial), to=self._target(), dry_run=True)
+
+    def show_plan(self, result) -> None:
+        self.planned = (self.run, self.serial, self.mode, self.destination, result)
+        ops = result.ops
+        size = int(pd.to_numeric(ops["nbytes"], errors="coerce").fillna(0).sum()) if len(ops) else 0
+        frame = pd.DataFrame({
+            "kind": ops["kind"].astype(object), "path": ops["path"].astype(object),
+            "size": [human_bytes(n) for n in ops["nbytes"]], "note": ops["note"].astype(object),
+        }) if len(ops) else pd.DataFrame(columns=["kind", "path", "size", "note"])  # fmt: skip
+        self.ops.value = frame
+        where = "in place" if self.mode == "in_place" else f"to `{result.target}`"
+        text = (
+            f"**Plan:** restore serial **{result.serial}** {where} as serial "
+            f"**{result.new_serial}** — {len(ops)} steps, {human_bytes(size)} written."
+        )
+        if result.message:
+            text += f" ({result.message})"
+        if not self.workspace.allow_write:
+            text += "\n\nThis dashboard is **read-only**: restoring is not offered."
+        self.message.object, self.message.alert_type = text, "info"
+        can = self.workspace.allow_write and len(ops) > 0
+        self.confirm.name = f"Restore serial {result.serial}"
+        self.confirm.visible = can
+
+    async def _on_plan(self, event=None) -> None:
+        try:
+            self.show_plan(await in_background(self.body, self.plan))
+        except Exception as e:  # noqa: BLE001 - shown to the user
+            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+
+    def apply(self):
+        """Run the planned restore; refused without write access or without a plan."""
+        self.workspace.guard.require_write("restore")
+        if self.planned is None:
+            raise RuntimeError("plan the restore first")
+        run, serial, mode, dest, _ = self.planned
+        cat = self.workspace.runs[run]
+        return cat.restore(int(serial), to=self._target() if mode == "copy" else None)
+
+    def show_result(self, result) -> None:
+        self.message.object = f"**Done:** {str(result).splitlines()[0]}"
+        self.message.alert_type = "success"
+        self.confirm.visible = False
+        self.planned = None
+        self.workspace.touch()
+
+    async def _on_confirm(self, event=None) -> None:
+        try:
+            self.show_result(await in_background(self.body, self.apply))
+        except Exception as e:  # noqa: BLE001 - refusals and failures are shown, never raised
+            self.confirm.visible = False
+            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+
+    def __panel__(self):
+        form = pn.Row(
+            pn.widgets.Select.from_param(self.param.run, name="run", width=170),
+            pn.widgets.Select.from_param(self.param.serial, name="serial", width=110,
+                                         css_classes=["ckptview-restore-serial"]),
+            pn.widgets.RadioButtonGroup.from_param(self.param.mode, name="mode",
+                                                   css_classes=["ckptview-restore-mode"]),
+            pn.widgets.TextInput.from_param(self.param.destination, name="destination URL",
+                                            width=320, placeholder="/path/to/new/tree",
+                                            css_classes=["ckptview-restore-dest"]),
+            self.plan_button, align="end",
+        )  # fmt: skip
+        return pn.Column(form, self.body, sizing_mode="stretch_width")

@@ -1,0 +1,111 @@
+"""The variables of one serial: filters, sizes that stand out, totals per kind and node."""
+
+from __future__ import annotations
+
+import pandas as pd
+import panel as pn
+import param
+
+import ckptview as cv
+
+from ._base import table
+from ._format import human_bytes, totals_frame, variables_frame
+
+SHOWN = ["name", "node", "kind", "dtype", "shape", "numel", "size", "share", "error"]
+
+
+class VariablesTable(pn.viewable.Viewer):
+    """Filterable variables of ``serial``; ``selected`` is the clicked ``(node, name)``."""
+
+    catalog = param.ClassSelector(class_=cv.Catalog)
+    serial = param.Integer(default=None, allow_None=True)
+    name_filter = param.String(default="", doc="substring of the name (case-insensitive)")
+    kinds = param.ListSelector(default=[], objects=[])
+    nodes = param.ListSelector(default=[], objects=[])
+    dtypes = param.ListSelector(default=[], objects=[])
+    selected = param.Tuple(default=None, allow_None=True, length=2, doc="(node, name)")
+
+    def __init__(self, catalog: cv.Catalog, serial: int | None = None, **params):
+        if serial is None:
+            serial = catalog.latest
+            if serial is None and len(catalog.serials):
+                serial = int(catalog.serials.index.max())
+        super().__init__(catalog=catalog, serial=serial, **params)
+        v = catalog.variables
+        nodes = sorted(set(v["node"]))
+        self.param.kinds.objects = sorted(set(v["kind"]))
+        self.param.nodes.objects = ["(shared)" if n == "" else n for n in nodes]
+        self.param.dtypes.objects = sorted(set(v["dtype"]))
+        self.heading = pn.pane.Markdown(css_classes=["ckptview-vars-heading"],
+                                        sizing_mode="stretch_width")  # fmt: skip
+        self.table = table(
+            pd.DataFrame(columns=SHOWN), pagination="remote", page_size=25, selectable=1,
+            formatters={"share": {"type": "progress", "max": 100, "legend": True,
+                                  "color": "#64b5f6", "legendAlign": "left"}},
+            titles={"share": "% of serial"}, css_classes=["ckptview-variables"],
+            name="variables",
+        )  # fmt: skip
+        self.table.param.watch(self._on_select, "selection")
+        self.by_kind = table(pd.DataFrame(), css_classes=["ckptview-totals-kind"],
+                             hidden_columns=["nbytes"], sizing_mode="stretch_width")  # fmt: skip
+        self.by_node = table(pd.DataFrame(), css_classes=["ckptview-totals-node"],
+                             hidden_columns=["nbytes"], sizing_mode="stretch_width")  # fmt: skip
+        self._full = pd.DataFrame(columns=SHOWN)
+        self._update_serial()
+
+    @param.depends("serial", watch=True)
+    def _update_serial(self) -> None:
+        self._full = (
+            variables_frame(self.catalog, self.serial)
+            if self.serial is not None
+            else pd.DataFrame(columns=[*SHOWN, "nbytes"])
+        )
+        self._refilter()
+
+    def filtered(self) -> pd.DataFrame:
+        """The serial's variables that pass the filters, biggest first."""
+        f = self._full
+        if self.name_filter:
+            f = f[f["name"].str.contains(self.name_filter, case=False, regex=False)]
+        if self.kinds:
+            f = f[f["kind"].isin(self.kinds)]
+        if self.nodes:
+            f = f[f["node"].replace("", "(shared)").isin(self.nodes)]
+        if self.dtypes:
+            f = f[f["dtype"].isin(self.dtypes)]
+        return f.reset_index(drop=True)
+
+    @param.depends("name_filter", "kinds", "nodes", "dtypes", watch=True)
+    def _refilter(self) -> None:
+        f = self.filtered()
+        self._shown = f
+        self.table.selection = []
+        self.table.value = f[SHOWN].astype(object)
+        total = int(f["nbytes"].sum()) if len(f) else 0
+        self.heading.object = (
+            f"### Serial {self.serial} · {len(f)} variables · {human_bytes(total)}"
+            if self.serial is not None
+            else "### No serial"
+        )
+        self.by_kind.value = totals_frame(f, "kind")
+        self.by_node.value = totals_frame(f, "node")
+
+    def _on_select(self, event) -> None:
+        if event.new:
+            row = self._shown.iloc[event.new[0]]
+            self.selected = (str(row["node"]), str(row["name"]))
+
+    def __panel__(self):
+        filters = pn.Row(
+            pn.widgets.TextInput.from_param(self.param.name_filter, name="name contains",
+                                            width=220, css_classes=["ckptview-name-filter"]),
+            pn.widgets.MultiChoice.from_param(self.param.kinds, name="kind", width=200),
+            pn.widgets.MultiChoice.from_param(self.param.nodes, name="node", width=200),
+            pn.widgets.MultiChoice.from_param(self.param.dtypes, name="dtype", width=200),
+        )  # fmt: skip
+        totals = pn.Row(
+            pn.Column("**Per kind**", self.by_kind, sizing_mode="stretch_width"),
+            pn.Column("**Per node**", self.by_node, sizing_mode="stretch_width"),
+            sizing_mode="stretch_width",
+        )
+        return pn.Column(self.heading, filters, self.table, totals, sizing_mode="stretch_width")
