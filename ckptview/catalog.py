@@ -71,6 +71,13 @@ def list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
         return FileResult(serial, ref, codec.name if codec else None, [], _message(e))
 
 
+def _none_or_str(col: pd.Series) -> pd.Series:
+    """An ``error`` column as object dtype holding str or None (pandas 3 would infer a str
+    dtype whose missing value is NaN; DESIGN.md §3 promises None)."""
+    return pd.Series([v if isinstance(v, str) else None for v in col], index=col.index,
+                     dtype=object)  # fmt: skip
+
+
 def _message(e: BaseException) -> str:
     text = str(e) or type(e).__name__
     return f"{type(e).__name__}: {text}"[:500]
@@ -177,6 +184,7 @@ class Catalog:
                      "other", "object", (), 0, 0, url, res.error)
                 )  # fmt: skip
         df = pd.DataFrame(rows, columns=VARIABLE_COLUMNS)
+        df["error"] = _none_or_str(df["error"])
         return df.astype({"serial": "int64", "numel": "int64", "nbytes": "int64"})
 
     @property
@@ -211,7 +219,8 @@ class Catalog:
                  len(paths) + len(others), n_vars, s.epoch, s.step, tuple(nodes), error)
             )  # fmt: skip
         df = pd.DataFrame(rows, columns=["serial", *SERIAL_COLUMNS])
-        df["timestamp"] = pd.to_datetime(df["timestamp"], utc=True)
+        df["error"] = _none_or_str(df["error"])
+        df["timestamp"] = pd.to_datetime(df["timestamp"], utc=True).astype("datetime64[ns, UTC]")
         df = df.astype({"serial": "int64", "nbytes": "int64", "n_files": "int64",
                         "n_variables": "int64", "epoch": "Int64", "step": "Int64"})  # fmt: skip
         df = df.set_index("serial").sort_index()

@@ -16,6 +16,8 @@ import fsspec
 from fsspec.core import url_to_fs
 
 HEAD_BLOCK = 4096  # the first block of every file is cached: magic bytes and small headers
+#: on network (async) filesystems, ranges of one file this close are fetched as one request
+REMOTE_MERGE_GAP = 32 << 10
 
 
 class TruncatedError(ValueError):
@@ -52,6 +54,7 @@ class Storage:
     def __init__(self, fs: fsspec.AbstractFileSystem):
         self.fs = fs
         self.counters = Counters()
+        self.merge_gap = REMOTE_MERGE_GAP if getattr(fs, "async_impl", False) else 0
 
     @classmethod
     def from_url(cls, url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
@@ -77,16 +80,17 @@ class Storage:
         """Several ranges of one file (concurrently where the filesystem is async)."""
         if not ranges:
             return []
-        if hasattr(self.fs, "cat_ranges"):
-            n = len(ranges)
-            out = self.fs.cat_ranges([path] * n, [r[0] for r in ranges], [r[1] for r in ranges])
-        else:  # pragma: no cover - every fsspec filesystem has cat_ranges
-            out = [self.fs.cat_file(path, start=a, end=b) for a, b in ranges]
-        for chunk in out:
-            if isinstance(chunk, Exception):
-                raise chunk
-            self.counters.add(len(chunk))
-        return out
+        spans, where = merge_ranges(ranges, getattr(self, "merge_gap", 0))
+        if len(spans) == 1:
+            got = [self.read_range(path, *spans[0])]
+        else:
+            n = len(spans)
+            got = self.fs.cat_ranges([path] * n, [a for a, _ in spans], [b for _, b in spans])
+            for chunk in got:
+                if isinstance(chunk, Exception):
+                    raise chunk
+                self.counters.add(len(chunk))
+        return [got[i][a - spans[i][0] : b - spans[i][0]] for (a, b), i in zip(ranges, where)]
 
     def read_all(self, path: str) -> bytes:
         data = self.fs.cat_file(path)
@@ -98,6 +102,27 @@ class Storage:
 
     def blob(self, path: str, size: int | None = None) -> Blob:
         return Blob(self, path, size)
+
+
+def merge_ranges(
+    ranges: list[tuple[int, int]], gap: int
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """Coalesce ranges that overlap or lie within ``gap`` bytes of each other.
+
+    Returns the merged spans (sorted) and, per input range, the index of its span.
+    """
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    spans: list[list[int]] = []
+    where = [0] * len(ranges)
+    for i in order:
+        a, b = ranges[i]
+        b = max(a, b)
+        if spans and a <= spans[-1][1] + gap:
+            spans[-1][1] = max(spans[-1][1], b)
+        else:
+            spans.append([a, b])
+        where[i] = len(spans) - 1
+    return [(a, b) for a, b in spans], where
 
 
 def normalize_info(info: dict) -> dict:
@@ -137,6 +162,12 @@ class Blob:
         self._size = size
         self._head: bytes | None = None
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:  # picklable (locators hold blobs; Dask ships them)
+        return {"storage": self.storage, "path": self.path, "_size": self._size, "_head": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     @property
     def size(self) -> int:

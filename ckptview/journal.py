@@ -47,11 +47,14 @@ class Journal:
         self.fs = fs
         self.path = _join(root, f"{META_DIR}/journal.jsonl")
         self.op_id = uuid.uuid4().hex[:12]
+        self._dir_made = False
 
     def write(self, event: str, **fields) -> None:
         record = {"time": _now(), "op_id": self.op_id, "event": event, **fields}
         line = (json.dumps(record, default=str) + "\n").encode()
-        self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
+        if not self._dir_made:
+            self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
+            self._dir_made = True
         try:
             with self.fs.open(self.path, "ab") as f:
                 f.write(line)
@@ -195,6 +198,7 @@ class OpRunner:
         self.journal = journal or Journal(fs, root)
         self.progress = progress
         self.created: list[tuple[str, str]] = []  # (kind, absolute path)
+        self._tmp_made = False
 
     def abs(self, rel: str) -> str:
         return _join(self.root, rel)
@@ -205,12 +209,14 @@ class OpRunner:
             self.journal.write("intent", step=i, of=len(ops), op=describe(op))
             try:
                 self._do(op)
+                self.journal.write("done", step=i)
             except BaseException as e:
-                self.journal.write("failed", step=i, op=describe(op), error=repr(e)[:500])
-                if rollback:
-                    self._rollback()
+                try:
+                    self.journal.write("failed", step=i, op=describe(op), error=repr(e)[:500])
+                finally:
+                    if rollback:
+                        self._rollback()
                 raise
-            self.journal.write("done", step=i)
 
     def _parents(self, path: str) -> None:
         parent = path.rsplit("/", 1)[0]
@@ -235,8 +241,9 @@ class OpRunner:
             self._parents(dest)
             atomic = op.atomic or existed
             target = self._tmp(op.path) if atomic else dest
-            if atomic:
+            if atomic and not self._tmp_made:
                 self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                self._tmp_made = True
             self._write(op, target)
             if atomic:
                 self.fs.mv(target, dest)

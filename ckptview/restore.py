@@ -234,41 +234,58 @@ def restore(cat, serial: int, to: str | os.PathLike | None = None, dry_run: bool
             storage_options: dict | None = None, force: bool = False,
             progress: Callable[[int], None] | None = None) -> RestoreResult:  # fmt: skip
     """Copy ``serial`` to ``to`` as a resumable tree, or promote it in place (never deletes)."""
-    serial = int(serial)
-    info = serial_info(cat, serial)
-    table = cat.serials
-    if not bool(table.loc[serial, "complete"]) and not force:
-        raise ValueError(f"serial {serial} is incomplete; restoring it needs force=True")
-    layout = managed(cat._layout)
-    tree, scan = cat.tree, cat.scan
     if to is not None:
         dest, root = Storage.from_url(os.fspath(to), storage_options)
-        ops = layout.export_ops(tree, scan, info)
-        clash = [o.path for o in ops if not o.replace and dest.fs.exists(_join(root, o.path))]
-        if clash:
-            raise FileExistsError(f"{to} already holds {clash[0]} (restore never overwrites)")
-        new_serial, fs, url = serial, dest.fs, dest.url(root)
-    else:
-        if cat.latest == serial:
-            return RestoreResult(serial, cat.url, serial, ops_frame([]), dry_run, not dry_run,
-                                 "already the serial the framework resumes from")  # fmt: skip
-        ops = layout.promote_ops(tree, scan, info)
-        copies = any(o.kind == "copy" for o in ops)
-        new_serial = layout.next_serial(tree, scan) if copies else serial
-        fs, root, url = cat.storage.fs, tree.root, cat.url
-    frame = ops_frame(ops)
-    if dry_run:
-        return RestoreResult(serial, url, new_serial, frame, True, False)
+        return export_to(cat, serial, dest.fs, root, dry_run, force, progress)
+    serial = _checked(cat, serial, force)
+    if cat.latest == serial:
+        return RestoreResult(serial, cat.url, serial, ops_frame([]), dry_run, not dry_run,
+                             "already the serial the framework resumes from")  # fmt: skip
+    layout = managed(cat._layout)
+    ops = layout.promote_ops(cat.tree, cat.scan, serial_info(cat, serial))
+    copies = any(o.kind == "copy" for o in ops)
+    new_serial = layout.next_serial(cat.tree, cat.scan) if copies else serial
+    result = RestoreResult(serial, cat.url, new_serial, ops_frame(ops), dry_run, False)
+    if not dry_run:
+        run_change(cat, cat.storage.fs, cat.tree.root, ops, result, progress)
+        cat.refresh()
+    return result
+
+
+def export_to(cat, serial: int, fs, root: str, dry_run: bool = False, force: bool = False,
+              progress: Callable[[int], None] | None = None) -> RestoreResult:  # fmt: skip
+    """Copy ``serial`` into the tree at ``root`` of filesystem ``fs``."""
+    serial = _checked(cat, serial, force)
+    ops = managed(cat._layout).export_ops(cat.tree, cat.scan, serial_info(cat, serial))
+    clash = [o.path for o in ops if not o.replace and fs.exists(_join(root, o.path))]
+    if clash:
+        raise FileExistsError(f"{root} already holds {clash[0]} (restore never overwrites)")
+    url = Storage(fs).url(root)
+    result = RestoreResult(serial, url, serial, ops_frame(ops), dry_run, False)
+    if not dry_run:
+        run_change(cat, fs, root, ops, result, progress)
+    return result
+
+
+def _checked(cat, serial: int, force: bool) -> int:
+    serial = int(serial)
+    serial_info(cat, serial)
+    if not bool(cat.serials.loc[serial, "complete"]) and not force:
+        raise ValueError(f"serial {serial} is incomplete; restoring it needs force=True")
+    return serial
+
+
+def run_change(cat, fs, root: str, ops: list[Op], result: RestoreResult,
+               progress: Callable[[int], None] | None) -> None:  # fmt: skip
+    """Run a restore's ops under the target tree's lock, journaled, rolled back on failure."""
     journal = Journal(fs, root)
-    with TreeLock(fs, root, f"restore {serial}"):
-        journal.write("begin", action="restore", serial=serial, source=cat.url, target=url,
-                      steps=len(ops))  # fmt: skip
+    with TreeLock(fs, root, f"restore {result.serial}"):
+        journal.write("begin", action="restore", serial=result.serial, source=cat.url,
+                      target=result.target, steps=len(ops))  # fmt: skip
         runner = OpRunner(fs, root, src_fs=cat.storage.fs, journal=journal, progress=progress)
         runner.run(ops, rollback=True)
-        journal.write("end", action="restore", serial=serial, new_serial=new_serial)
-    if to is None:
-        cat.refresh()
-    return RestoreResult(serial, url, new_serial, frame, False, True)
+        journal.write("end", action="restore", serial=result.serial, new_serial=result.new_serial)
+    result.done = True
 
 
 def _join(root: str, rel: str) -> str:

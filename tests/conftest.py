@@ -34,3 +34,12 @@ def corpus_index(corpus) -> dict:
 
 def ground_truth(rel: str) -> dict:
     return json.loads(corpus_path(rel).read_text())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_header_cache():
+    """Each test starts with an empty process-wide header cache, so I/O counts stay its own."""
+    from ckptview import cache
+
+    cache.default_cache().clear()
+    yield

@@ -25,7 +25,7 @@ STORAGE = {"float32": "FloatStorage", "float64": "DoubleStorage", "float16": "Ha
            "uint8": "ByteStorage", "bool": "BoolStorage"}  # fmt: skip
 
 
-@dataclass
+@dataclass(eq=False)  # hashable by identity: usable as a dict key (DCP MetadataIndex)
 class Obj:
     """A class instance: ``GLOBAL mod.name``, NEWOBJ with no args, then BUILD ``state``."""
 

@@ -8,6 +8,8 @@ import json
 import posixpath
 import re
 import struct
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -390,8 +392,26 @@ def program_param_names(blob: Blob, path: str, count: int, cut: bool = False) ->
 
 def program_dtypes(storage, path: str) -> dict[str, str]:
     """name -> dtype of the persistable dense variables a program declares (legacy desc or PIR
-    JSON); lets pickle readers tell bfloat16 from the uint16 bit patterns pickles hold."""
-    blob = storage.blob(path)
+    JSON); lets pickle readers tell bfloat16 from the uint16 bit patterns pickles hold.
+
+    Remembered per storage and file identity: the ``.pdparams`` and ``.pdopt`` beside one
+    program (listed concurrently) read it once.
+    """
+    info = storage.info(path)
+    key = (path, info["size"], info.get("mtime"), info.get("etag"))
+    with _PROGRAMS_LOCK:
+        memo = _PROGRAMS.setdefault(storage, {})
+        if key not in memo:
+            memo.clear()  # one program at a time is plenty; keeps the memo bounded
+            memo[key] = _program_dtypes(storage.blob(path, info["size"]), path)
+        return dict(memo[key])
+
+
+_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PROGRAMS_LOCK = threading.Lock()
+
+
+def _program_dtypes(blob: Blob, path: str) -> dict[str, str]:
     if blob.size > MAX_PROGRAM_BYTES:
         raise FormatError(f"program of {blob.size} bytes is too large")
     data = blob.read(0, blob.size)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import weakref
 
 from ..codecs.caffe2 import sniff
 from ..model import FileRef, SerialInfo, TreeScan
@@ -97,8 +98,18 @@ class Caffe2Layout(Layout):
 
 
 def _sniff(tree: Tree, rel: str) -> bool:
-    blob = tree.blob(rel)
-    try:
-        return sniff(blob.head(), blob.size)
-    except (OSError, ValueError):
-        return False
+    """Is ``rel`` a minidb file? Reads at most ``SNIFF_BYTES`` once per tree and file (the
+    codec reads the file again: a small file must not be read whole twice)."""
+    memo = _SNIFFS.setdefault(tree, {})
+    if rel not in memo:
+        size = tree.size(rel)
+        try:
+            head = tree.storage.read_range(tree.abs(rel), 0, min(SNIFF_BYTES, size))
+            memo[rel] = sniff(head, size)
+        except (OSError, ValueError):
+            memo[rel] = False
+    return memo[rel]
+
+
+SNIFF_BYTES = 1024  # the first record: its lengths, key and BlobProto name
+_SNIFFS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -180,7 +180,7 @@ class HFTrainerLayout(Layout):
 
     def _serial(self, tree: Tree, n: int, rel: str, staged: bool = False):
         refs, others = checkpoint_refs(tree, rel)
-        state = read_json(tree, f"{rel}/trainer_state.json")
+        state = read_json(tree, f"{rel}/trainer_state.json" if rel else "trainer_state.json")
         info = SerialInfo(n, tree.abs(rel), files=refs, other_files=[tree.abs(o) for o in others])
         if not isinstance(state, dict):
             info.complete = False

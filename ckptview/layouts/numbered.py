@@ -24,7 +24,9 @@ from .hf import weight_refs
 SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".npz", ".npy", ".safetensors", ".pkl")
 STEP_WORDS = {"step", "steps", "iter", "iters", "iteration", "iterations", "it", "update",
               "updates", "batch", "gs"}  # fmt: skip
-SAVE_WORDS = {"ckpt", "checkpoint", "checkpoints", "snapshot", "save", "model", "weights", "state"}
+GENERIC_WORDS = {"ckpt", "checkpoint", "checkpoints", "snapshot", "save"}
+SAVE_WORDS = GENERIC_WORDS | {"model", "weights", "state"}
+DROP_WORDS = STEP_WORDS | GENERIC_WORDS | {"epoch", "epochs", "ep"}  # not kept in a label
 EPOCH_WORDS = {"epoch", "epochs", "ep"}
 GLUED = re.compile(r"^([a-z]+?)(\d+)$")
 SHARD = re.compile(r"\d+-of-\d+", re.I)
@@ -60,7 +62,9 @@ def parse_name(stem: str) -> Parsed | None:
     best = min(cands, key=lambda c: (c[0], -c[3]))
     rank, word, value, index = best
     label_parts = [
-        p for j, p in enumerate(parts) if j != index and not (j == index - 1 and p == word)
+        p
+        for j, p in enumerate(parts)
+        if j != index and not (j == index - 1 and p == word and word in DROP_WORDS)
     ]
     return Parsed(value, step, epoch, "_".join(label_parts))
 

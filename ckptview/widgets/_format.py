@@ -81,12 +81,15 @@ def _text(value) -> str:
 
 
 def serial_status(row) -> str:
-    """One word for a serial: ``error`` beats ``latest`` beats ``complete``/``incomplete``."""
-    if _text(row["error"]):
-        return "error"
+    """One word for a serial: ``latest``, else ``incomplete``, else ``error``, else ``complete``.
+
+    An incomplete serial's read error (a save cut short) is in the ``error`` column.
+    """
     if bool(row["latest"]):
         return "latest"
-    return "complete" if bool(row["complete"]) else "incomplete"
+    if not bool(row["complete"]):
+        return "incomplete"
+    return "error" if _text(row["error"]) else "complete"
 
 
 def metrics_wide(cat) -> pd.DataFrame:

@@ -153,7 +153,9 @@ class CompareView(pn.viewable.Viewer):
 
     async def _show_variable_async(self, node: str, name: str) -> None:
         try:
-            self._place(node, name, await in_background(self.plots, self.variable_plots, node, name))
+            self._place(
+                node, name, await in_background(self.plots, self.variable_plots, node, name)
+            )
         except Exception as e:  # noqa: BLE001 - shown to the user
             self.plots.objects = [pn.pane.Markdown(f"**could not plot {name}:** {e}")]
 

@@ -60,7 +60,9 @@ class VariableDetail(pn.viewable.Viewer):
             self.button.disabled = True
             return
         v = self.catalog.variables
-        row = v[(v["serial"] == self.serial) & (v["name"] == self.variable) & (v["node"] == self.node)]
+        row = v[
+            (v["serial"] == self.serial) & (v["name"] == self.variable) & (v["node"] == self.node)
+        ]
         if row.empty:
             self.info.object = f"No variable `{self.variable}` in serial {self.serial}."
             self.button.disabled = True

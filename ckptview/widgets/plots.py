@@ -40,12 +40,13 @@ def heatmap(values: np.ndarray, title: str):
 
 def timeline(frame: pd.DataFrame, x: str, y: str, ylabel: str, title: str):
     """Serials over ``x`` (step or serial): a line plus status-coloured points."""
-    data = frame[[x, y, "serial", "status"]].dropna(subset=[x, y])
+    extra = [] if x == "serial" else ["serial"]
+    data = frame[list(dict.fromkeys([x, y, "serial", "status"]))].dropna(subset=[x, y])
     if data.empty:
         return empty(f"{title}: no values")
     data = data.astype({x: "float64", y: "float64"})
-    curve = hv.Curve(data, x, [y, "serial"]).opts(color="#90a4ae")
-    points = hv.Scatter(data, x, [y, "serial", "status"]).opts(
+    curve = hv.Curve(data, x, [y, *extra]).opts(color="#90a4ae")
+    points = hv.Scatter(data, x, [y, *extra, "status"]).opts(
         color=hv.dim("status").categorize(STATUS_COLORS, default="#455a64"), size=9,
         tools=["hover"],
     )  # fmt: skip

@@ -35,7 +35,7 @@ class SerialsTable(pn.viewable.Viewer):
             shown, pagination="remote", page_size=self.page_size, selectable=1,
             hidden_columns=["nbytes"], formatters={"status": {"type": "html"}},
             header_align="left", css_classes=["ckptview-serials"], name="serials",
-            titles={"serial": "serial"},
+            widths={"status": 110, "error": 260},
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         latest = catalog.latest
@@ -48,9 +48,10 @@ class SerialsTable(pn.viewable.Viewer):
     def _summary(self) -> str:
         cat, f = self.catalog, self.frame
         counts = f["status"].value_counts()
-        parts = [f"{counts.get(k, 0)} {k}" for k in ("complete", "incomplete", "error")]
-        complete = int(counts.get("complete", 0)) + int(counts.get("latest", 0))
-        parts[0] = f"{complete} complete"
+        complete = int(f["status"].isin(["complete", "latest", "error"]).sum())
+        parts = [f"{complete} complete"] + [
+            f"{counts.get(k, 0)} {k}" for k in ("incomplete", "error") if counts.get(k, 0)
+        ]
         latest = cat.latest
         return (
             f"`{cat.url}` · layout **{cat.layout}** · **{len(f)} serials** "

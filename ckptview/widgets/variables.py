@@ -39,7 +39,7 @@ class VariablesTable(pn.viewable.Viewer):
         self.heading = pn.pane.Markdown(css_classes=["ckptview-vars-heading"],
                                         sizing_mode="stretch_width")  # fmt: skip
         self.table = table(
-            pd.DataFrame(columns=SHOWN), pagination="remote", page_size=25, selectable=1,
+            pd.DataFrame(columns=SHOWN), pagination="remote", page_size=50, selectable=1,
             formatters={"share": {"type": "progress", "max": 100, "legend": True,
                                   "color": "#64b5f6", "legendAlign": "left"}},
             titles={"share": "% of serial"}, css_classes=["ckptview-variables"],

@@ -1,0 +1,25 @@
+"""Panel components for ckptview: the same widgets in Jupyter and in the served dashboard.
+
+>>> import ckptview as cv
+>>> from ckptview.widgets import RunBrowser
+>>> RunBrowser(cv.open("runs/exp1"))  # doctest: +SKIP
+"""
+
+from ._base import Workspace
+from .app import Dashboard, build_app
+from .browser import RunBrowser
+from .compare import CompareView
+from .detail import VariableDetail
+from .guard import AccessRefused, Guard
+from .picker import TreePicker
+from .restore import RestoreView
+from .retention import RetentionView
+from .serials import SerialsTable
+from .trajectory import TrajectoryPlot
+from .variables import VariablesTable
+
+__all__ = [
+    "AccessRefused", "CompareView", "Dashboard", "Guard", "RestoreView", "RetentionView",
+    "RunBrowser", "SerialsTable", "TrajectoryPlot", "TreePicker", "VariableDetail",
+    "VariablesTable", "Workspace", "build_app",
+]  # fmt: skip

@@ -1,0 +1,45 @@
+"""One run at a glance: its serials, the clicked serial's variables, the clicked variable."""
+
+from __future__ import annotations
+
+import panel as pn
+import param
+
+import ckptview as cv
+
+from .detail import VariableDetail
+from .serials import SerialsTable
+from .variables import VariablesTable
+
+
+class RunBrowser(pn.viewable.Viewer):
+    """Serials -> variables -> detail, wired by clicks."""
+
+    catalog = param.ClassSelector(class_=cv.Catalog)
+
+    def __init__(self, catalog: cv.Catalog, **params):
+        super().__init__(catalog=catalog, **params)
+        self.serials = SerialsTable(catalog)
+        self.variables = VariablesTable(catalog, serial=self.serials.selected)
+        self.detail = VariableDetail(catalog, serial=self.serials.selected)
+        self.serials.param.watch(self._on_serial, "selected")
+        self.variables.param.watch(self._on_variable, "selected")
+
+    def _on_serial(self, event) -> None:
+        self.variables.serial = event.new
+        self.detail.param.update(serial=event.new, variable="", node="")
+
+    def _on_variable(self, event) -> None:
+        if event.new:
+            node, name = event.new
+            self.detail.param.update(serial=self.variables.serial, node=node, variable=name)
+
+    def __panel__(self):
+        return pn.Column(
+            self.serials,
+            pn.layout.Divider(),
+            self.variables,
+            pn.layout.Divider(),
+            self.detail,
+            sizing_mode="stretch_width",
+        )

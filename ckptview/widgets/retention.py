@@ -1,0 +1,269 @@
+"""Retention: a policy form, the plan it produces, a confirm step naming the count, the result."""
+
+from __future__ import annotations
+
+import pandas as pd
+import panel as pn
+import param
+
+from ._base import Workspace, as_workspace, in_background, table
+from ._format import badge, human_bytes
+
+PLAN_SHOWN = ["serial", "action", "reason", "size", "step", "time"]
+
+
+def plan_frame(plan: pd.DataFrame) -> pd.DataFrame:
+    """``cat.plan_retention`` output for display."""
+    ts = plan["timestamp"] if "timestamp" in plan else pd.Series(pd.NaT, index=plan.index)
+    out = pd.DataFrame(
+        {
+            "serial": plan.index.astype("int64"),
+            "action": plan["action"].astype(object).to_numpy(),
+            "reason": plan["reason"].astype(object).to_numpy(),
+            "size": [human_bytes(n) for n in plan["nbytes"]],
+            "step": [None if "step" not in plan or pd.isna(v) else int(v)
+                     for v in (plan["step"] if "step" in plan else [None] * len(plan))],
+            "time": ["" if pd.isna(t) else t.strftime("%Y-%m-%d %H:%M") for t in ts],
+        }
+    )  # fmt: skip
+    return out.astype(object)
+
+
+class RetentionView(pn.viewable.Viewer):
+    """Keep last N / every K / best N by a metric / pinned / newer than; plan, confirm, apply."""
+
+    run = param.Selector(objects=[])
+    keep_last = param.Integer(default=3, bounds=(0, None), doc="0: off")
+    keep_every = param.Integer(default=0, bounds=(0, None), doc="0: off")
+    every_by = param.Selector(default="serial", objects=["serial", "step"])
+    best_metric = param.Selector(default="", objects=[""], doc="'': off")
+    best_n = param.Integer(default=1, bounds=(1, None))
+    best_mode = param.Selector(default="min", objects=["min", "max"])
+    pinned = param.ListSelector(default=[], objects=[])
+    older_than = param.String(default="", doc="keep serials newer than this (7d, 12h); '': off")
+
+    def __init__(self, workspace, **params):
+        self.workspace: Workspace = as_workspace(workspace)
+        super().__init__(**params)
+        self.plan: pd.DataFrame | None = None
+        self.message = pn.pane.Alert("Set a policy and press **Plan**.", alert_type="info",
+                                     css_classes=["ckptview-retention-message"],
+                                     sizing_mode="stretch_width")  # fmt: skip
+        self.plan_button = pn.widgets.Button(name="Plan", button_type="primary",
+                                             css_classes=["ckptview-retention-plan"])  # fmt: skip
+        self.plan_button.on_click(self._on_plan)
+        self.save_button = pn.widgets.Button(name="Save policy with the tree",
+                                             visible=self.workspace.allow_write,
+                                             css_classes=["ckptview-retention-save"])  # fmt: skip
+        self.save_button.on_click(self._on_save)
+        self.delete = pn.widgets.Button(name="Delete", button_type="danger", visible=False,
+                                        css_classes=["ckptview-retention-delete"])  # fmt: skip
+        self.delete.on_click(self._on_delete)
+        self.confirm_text = pn.pane.Markdown(css_classes=["ckptview-confirm-text"])
+        self.confirm = pn.widgets.Button(name="Delete", button_type="danger",
+                                         css_classes=["ckptview-retention-confirm"])  # fmt: skip
+        self.confirm.on_click(self._on_confirm)
+        self.cancel = pn.widgets.Button(name="Cancel", css_classes=["ckptview-retention-cancel"])
+        self.cancel.on_click(self._on_cancel)
+        self.dialog = pn.Column(
+            self.confirm_text, pn.Row(self.confirm, self.cancel), visible=False,
+            css_classes=["ckptview-confirm"], sizing_mode="stretch_width",
+            styles={"border": "2px solid #c62828", "border-radius": "8px", "padding": "8px",
+                    "background": "#fff5f5"},
+        )  # fmt: skip
+        self.table = table(pd.DataFrame(columns=PLAN_SHOWN), pagination="remote", page_size=20,
+                           formatters={"action": {"type": "html"}},
+                           css_classes=["ckptview-retention-table"])  # fmt: skip
+        self.body = pn.Column(self.message, pn.Row(self.delete, self.save_button), self.dialog,
+                              self.table, sizing_mode="stretch_width")  # fmt: skip
+        self.workspace.param.watch(lambda e: self._runs(), ["runs", "changed"])
+        self._runs()
+
+    # -- form ---------------------------------------------------------------------------------
+    def _runs(self) -> None:
+        labels = list(self.workspace.runs)
+        self.param.run.objects = labels
+        if labels:
+            self.run = self.run if self.run in labels else labels[0]
+        self._choices()
+
+    @param.depends("run", watch=True)
+    def _choices(self) -> None:
+        if self.run is None:
+            return
+        cat = self.workspace.runs[self.run]
+        self.param.pinned.objects = [int(s) for s in cat.serials.index]
+        self.pinned = [s for s in self.pinned if s in self.param.pinned.objects]
+        metrics = sorted(set(cat.metrics["name"])) if len(cat.metrics) else []
+        self.param.best_metric.objects = ["", *metrics]
+        if self.best_metric not in self.param.best_metric.objects:
+            self.best_metric = ""
+        self.load_stored()
+
+    def load_stored(self) -> None:
+        """Fill the form from the policy stored with the tree, if any."""
+        policy = self.workspace.runs[self.run].retention_policy()
+        if not policy:
+            return
+        values = dict(keep_last=0, keep_every=0, best_metric="", older_than="", pinned=[])
+        for item in policy.to_dict().get("policies", []):
+            kind = item.get("type")
+            if kind == "keep_last":
+                values["keep_last"] = int(item["n"])
+            elif kind == "keep_every":
+                values["keep_every"], values["every_by"] = int(item["k"]), item.get("by", "serial")
+            elif kind == "keep_best" and item["metric"] in self.param.best_metric.objects:
+                values.update(best_metric=item["metric"], best_n=int(item.get("n", 1)),
+                              best_mode=item.get("mode", "min"))  # fmt: skip
+            elif kind == "pinned":
+                values["pinned"] = [int(s) for s in item["serials"]
+                                    if int(s) in self.param.pinned.objects]  # fmt: skip
+            elif kind == "keep_newer_than":
+                values["older_than"] = f"{int(item['seconds'])}s"
+        self.param.update(**values)
+
+    def policy(self) -> dict:
+        """The form as ``plan_retention`` keyword arguments."""
+        return {
+            "keep_last": self.keep_last or None,
+            "keep_every": (self.keep_every, self.every_by) if self.keep_every else None,
+            "keep_best": (self.best_metric, self.best_n, self.best_mode)
+            if self.best_metric else None,
+            "pinned": tuple(int(s) for s in self.pinned),
+            "older_than": self.older_than.strip() or None,
+        }  # fmt: skip
+
+    @param.depends("run", "keep_last", "keep_every", "every_by", "best_metric", "best_n",
+                   "best_mode", "pinned", "older_than", watch=True)  # fmt: skip
+    def _forget_plan(self) -> None:
+        self.plan = None
+        self.delete.visible = False
+        self.dialog.visible = False
+
+    # -- plan -------------------------------------------------------------------------------
+    def make_plan(self) -> pd.DataFrame:
+        """The plan for the form's policy (changes nothing)."""
+        cat = self.workspace.runs[self.run]
+        policy = self.policy()
+        if not any(v for v in policy.values()):
+            raise ValueError("set at least one rule (keep last, every, best, pinned, newer than)")
+        return cat.plan_retention(**policy)
+
+    def doomed(self) -> list[int]:
+        if self.plan is None:
+            return []
+        return [int(s) for s in self.plan.index[self.plan["action"] == "delete"]]
+
+    def show_plan(self, plan: pd.DataFrame) -> None:
+        self.plan = plan
+        shown = plan_frame(plan)
+        shown["action"] = [badge(a) for a in shown["action"]]
+        self.table.value = shown
+        doomed = self.doomed()
+        freed = int(plan.loc[doomed, "nbytes"].sum()) if doomed else 0
+        text = (
+            f"**Plan:** keep {len(plan) - len(doomed)}, delete **{len(doomed)}** "
+            f"({human_bytes(freed)} freed). Nothing is deleted until you confirm."
+        )
+        if not self.workspace.allow_write:
+            text += "\n\nThis dashboard is **read-only**: deleting is not offered."
+        self.message.object, self.message.alert_type = text, "info"
+        self.delete.name = f"Delete {len(doomed)} checkpoint{'s' if len(doomed) != 1 else ''}…"
+        self.delete.visible = self.workspace.allow_write and bool(doomed)
+        self.dialog.visible = False
+
+    async def _on_plan(self, event=None) -> None:
+        try:
+            self.show_plan(await in_background(self.body, self.make_plan))
+        except Exception as e:  # noqa: BLE001 - shown to the user
+            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+
+    # -- confirm and apply ------------------------------------------------------------------
+    def ask(self) -> None:
+        """Open the confirm step, naming the count (refused on a read-only dashboard)."""
+        self.workspace.guard.require_write("apply retention")
+        doomed = self.doomed()
+        if not doomed:
+            raise RuntimeError("nothing to delete: plan first")
+        freed = int(self.plan.loc[doomed, "nbytes"].sum())
+        noun = "checkpoint" if len(doomed) == 1 else "checkpoints"
+        self.confirm_text.object = (
+            f"#### Delete {len(doomed)} {noun}?\n"
+            f"Serials {', '.join(map(str, doomed))} of `{self.run}` ({human_bytes(freed)}). "
+            "This cannot be undone; the tree is re-checked against the plan first."
+        )
+        self.confirm.name = f"Delete {len(doomed)} {noun}"
+        self.dialog.visible = True
+
+    def _on_delete(self, event=None) -> None:
+        try:
+            self.ask()
+        except Exception as e:  # noqa: BLE001 - refusals are shown, never raised
+            self.delete.visible = False
+            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+
+    def _on_cancel(self, event=None) -> None:
+        self.dialog.visible = False
+
+    def apply(self) -> pd.DataFrame:
+        """Delete exactly the planned serials; refused without write access."""
+        self.workspace.guard.require_write("apply retention")
+        if self.plan is None:
+            raise RuntimeError("plan first")
+        return self.workspace.runs[self.run].apply_retention(self.plan)
+
+    def show_result(self, deleted: pd.DataFrame) -> None:
+        freed = int(deleted["nbytes"].sum()) if len(deleted) else 0
+        serials = ", ".join(str(int(s)) for s in deleted.index)
+        self.message.object = (
+            f"**Deleted {len(deleted)} checkpoint{'s' if len(deleted) != 1 else ''}** "
+            f"(serials {serials or 'none'}; {human_bytes(freed)} freed)."
+        )
+        self.message.alert_type = "success"
+        self.dialog.visible = self.delete.visible = False
+        self.plan = None
+        self.table.value = pd.DataFrame(columns=PLAN_SHOWN)
+        self.workspace.touch()
+
+    async def _on_confirm(self, event=None) -> None:
+        try:
+            self.show_result(await in_background(self.body, self.apply))
+        except Exception as e:  # noqa: BLE001 - refusals and failures are shown
+            self.dialog.visible = False
+            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+
+    def save(self):
+        """Store the form's policy with the tree (``cat.set_retention``)."""
+        self.workspace.guard.require_write("save the retention policy")
+        return self.workspace.runs[self.run].set_retention(**self.policy())
+
+    def _on_save(self, event=None) -> None:
+        try:
+            self.save()
+            self.message.object = f"Policy saved with `{self.run}`."
+            self.message.alert_type = "success"
+        except Exception as e:  # noqa: BLE001
+            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+
+    def __panel__(self):
+        w = pn.widgets
+        form = pn.Column(
+            pn.Row(
+                w.Select.from_param(self.param.run, name="run", width=170),
+                w.IntInput.from_param(self.param.keep_last, name="keep last N (0 off)", width=140,
+                                      css_classes=["ckptview-keep-last"]),
+                w.IntInput.from_param(self.param.keep_every, name="keep every K (0 off)",
+                                      width=140),
+                w.Select.from_param(self.param.every_by, name="K counts", width=100),
+                w.TextInput.from_param(self.param.older_than, name="keep newer than",
+                                       placeholder="7d, 12h", width=130),
+            ),
+            pn.Row(
+                w.Select.from_param(self.param.best_metric, name="best N by metric", width=170),
+                w.IntInput.from_param(self.param.best_n, name="N", width=80),
+                w.Select.from_param(self.param.best_mode, name="best is", width=90),
+                w.MultiChoice.from_param(self.param.pinned, name="pinned serials", width=300),
+                self.plan_button, align="end",
+            ),
+        )  # fmt: skip
+        return pn.Column(form, self.body, sizing_mode="stretch_width")
