@@ -55,7 +55,7 @@ def variables_frame(cat: cv.Catalog, serial: int) -> pd.DataFrame:
     """The variables of one serial, ready for display."""
     df = cat.variables
     df = df[df["serial"] == serial].reset_index(drop=True)
-    out = df[[c for c in VARIABLE_COLUMNS if c not in ("shape", "error")]].astype(object)
+    out = df[[c for c in VARIABLE_COLUMNS if c not in ("shape", "error")]].copy()
     out["shape"] = ["[" + ", ".join(str(d) for d in s) + "]" for s in df["shape"]]
     out["error"] = df["error"].astype(object).where(df["error"].notna(), "")
     return out[VARIABLE_COLUMNS]
@@ -82,12 +82,15 @@ def tree_view(url: str) -> pn.viewable.Viewable:
     table = pn.widgets.Tabulator(
         serials, show_index=False, selectable=1, disabled=True, layout="fit_data_table",
         formatters={"complete": TICK, "latest": TICK}, sizing_mode="stretch_width",
+        text_align={"epoch": "right", "step": "right"}, widths={"error": 420},
+        configuration={"columnDefaults": {"tooltip": True}},
         name="serials", css_classes=["ckptview-serials"],
     )  # fmt: skip
     heading = pn.pane.Markdown(css_classes=["ckptview-vars-heading"])
     variables = pn.widgets.Tabulator(
         pd.DataFrame(columns=VARIABLE_COLUMNS), show_index=False, disabled=True,
         layout="fit_data_table", pagination="local", page_size=50, sizing_mode="stretch_width",
+        widths={"error": 420}, configuration={"columnDefaults": {"tooltip": True}},
         name="variables", css_classes=["ckptview-variables"],
     )  # fmt: skip
 

@@ -19,6 +19,7 @@ import os
 import pickle
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from typing import Any
 #: a cached file listing: (codec name, variables, error)
 Listing = tuple[str | None, list, str | None]
 
+#: files modified less than this many seconds ago (without an ETag) are not cached: file
+#: systems stamp mtimes coarsely (a kernel tick, or 1-2 s), as git's "racily clean" entries
+RACY = 2.0
 DEFAULT_MAX_WEIGHT = 2_000_000  # ~ variable rows + small-file KiB held in memory
 FORMAT = 1  # bump when VarInfo/Span change shape: old disk entries are then ignored
 
@@ -59,6 +63,8 @@ class HeaderCache:
         mtime, etag = info.get("mtime"), info.get("etag")
         if mtime is None and not etag:
             return None
+        if not etag and hasattr(mtime, "timestamp") and mtime.timestamp() > time.time() - RACY:
+            return None  # written just now: a same-size rewrite could keep this mtime
         stamp = mtime.isoformat() if hasattr(mtime, "isoformat") else str(mtime)
         parts = (FORMAT, kind, url, int(info.get("size") or 0), stamp, etag or "", *extra)
         return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()

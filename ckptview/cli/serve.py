@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -63,13 +62,7 @@ def run(args) -> int:
     host = args.address if args.address not in (None, "", "0.0.0.0") else "localhost"
     where = f"http://{host}:{args.port}/{APP_NAME}" if args.port else "a free port (see below)"
     print(f"ckptview: serving {len(args.urls)} tree(s) at {where}  (Ctrl-C stops)", flush=True)
-    proc = subprocess.Popen(command(args, app))
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        return 130
+    cmd = command(args, app)
+    if os.name == "posix":  # become the server: signals (Ctrl-C, SIGTERM) reach it directly
+        os.execv(cmd[0], cmd)
+    return subprocess.call(cmd)  # pragma: no cover - Windows

@@ -12,13 +12,14 @@ from __future__ import annotations
 import io
 import struct
 import zipfile
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..dtypes import dtype_name, np_dtype
-from ..io import Blob
+from ..io import HEAD_BLOCK, Blob
 from ..kinds import guess_kind
 from ..model import Span, VarInfo
 from .base import Codec
@@ -80,10 +81,71 @@ class _Window(io.RawIOBase):
         return len(data)
 
 
-def _member_data_offset(blob: Blob, info: zipfile.ZipInfo) -> int:
+class _BlockFile(io.RawIOBase):
+    """A read-only, seekable file over a Blob that fetches each aligned block once (a bounded
+    LRU): h5py and zipfile re-read the same small metadata ranges many times, and a scan must
+    not read a file more than once over. Block 0 is the Blob's cached head."""
+
+    def __init__(self, blob: Blob, block: int = BLOCK, max_blocks: int = 128):
+        self._blob, self._size, self._pos = blob, blob.size, 0
+        self._block, self._max = block, max_blocks
+        self._first = min(HEAD_BLOCK, self._size)
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _start(self, i: int) -> int:
+        return 0 if i == 0 else self._first + (i - 1) * self._block
+
+    def _get(self, i: int) -> bytes:
+        data = self._blocks.get(i)
+        if data is None:
+            if i == 0:
+                data = self._blob.head()[: self._first]
+            else:
+                start = self._start(i)
+                data = self._blob.read(start, min(self._block, self._size - start))
+            self._blocks[i] = data
+            if len(self._blocks) > self._max:
+                self._blocks.popitem(last=False)
+        else:
+            self._blocks.move_to_end(i)
+        return data
+
+    def readinto(self, b) -> int:
+        want = max(0, min(len(b), self._size - self._pos))
+        done = 0
+        while done < want:
+            pos = self._pos + done
+            i = 0 if pos < self._first else 1 + (pos - self._first) // self._block
+            data = self._get(i)
+            at = pos - self._start(i)
+            piece = data[at : at + want - done]
+            if not piece:
+                break
+            b[done : done + len(piece)] = piece
+            done += len(piece)
+        self._pos += done
+        return done
+
+
+def _member_data_offset(raw, blob: Blob, info: zipfile.ZipInfo) -> int:
     """Where a stored member's bytes start: after its local header (30 bytes + name + extra)."""
-    local = blob.read(info.header_offset, 30)
-    if local[:4] != ZIP_MAGIC:
+    raw.seek(info.header_offset)
+    local = raw.read(30)
+    if len(local) < 30 or local[:4] != ZIP_MAGIC:
         raise ValueError(f"{blob.name}: bad local header for {info.filename}")
     name_len, extra_len = struct.unpack_from("<HH", local, 26)
     start = info.header_offset + 30 + name_len + extra_len
@@ -106,39 +168,40 @@ class KerasCodec(Codec):
         return head.startswith(HDF5_MAGIC) or name.endswith((".weights.h5", ".hdf5"))
 
     @contextmanager
-    def _h5(self, blob: Blob, member: str | None):
+    def _h5(self, blob: Blob, member: str | None, raw: _BlockFile | None = None):
         """An open h5py File for the blob (or its zip member) and the member's data offset."""
         h5py = _h5py()
-        with blob.open(block_size=BLOCK) as raw:
-            if member is None:
-                with h5py.File(raw, "r") as f:
-                    yield f, 0
-                return
-            with zipfile.ZipFile(raw) as zf:
-                info = zf.getinfo(member)
-                if info.compress_type == zipfile.ZIP_STORED:
-                    start = _member_data_offset(blob, info)
-                    with h5py.File(_Window(raw, start, info.file_size), "r") as f:
-                        yield f, start
-                else:  # deflated: zipfile's seekable member stream (seeks back re-inflate)
-                    with zf.open(info) as stream, h5py.File(stream, "r") as f:
-                        yield f, None
+        raw = raw or _BlockFile(blob)
+        if member is None:
+            with h5py.File(raw, "r") as f:
+                yield f, 0
+            return
+        with zipfile.ZipFile(raw) as zf:
+            info = zf.getinfo(member)
+            if info.compress_type == zipfile.ZIP_STORED:
+                start = _member_data_offset(raw, blob, info)
+                with h5py.File(_Window(raw, start, info.file_size), "r") as f:
+                    yield f, start
+            else:  # deflated: zipfile's seekable member stream (seeks back re-inflate)
+                with zf.open(info) as stream, h5py.File(stream, "r") as f:
+                    yield f, None
 
-    def _members(self, blob: Blob) -> list[str | None]:
+    def _members(self, blob: Blob, raw: _BlockFile) -> list[str | None]:
         if not blob.name.lower().endswith(".keras") and blob.head(4) != ZIP_MAGIC:
             return [None]
-        with blob.open() as raw, zipfile.ZipFile(raw) as zf:
+        with zipfile.ZipFile(raw) as zf:
             names = [i.filename for i in zf.infolist() if i.filename.endswith((".h5", ".hdf5"))]
         if not names:
             raise ValueError(f"{blob.name}: a .keras archive without a weights .h5 member")
         return names
 
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
-        members = self._members(blob)
+        raw = _BlockFile(blob)
+        members = self._members(blob, raw)
         out: list[VarInfo] = []
         for member in members:
             prefix = f"{member}/" if member is not None and len(members) > 1 else ""
-            with self._h5(blob, member) as (f, base):
+            with self._h5(blob, member, raw) as (f, base):
                 out += _datasets(f, blob, member, base, prefix)
         return out
 

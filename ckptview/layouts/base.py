@@ -109,11 +109,12 @@ class Layout:
         return self.copy_ops(tree, info, self.next_serial(tree, scan), fresh_markers=True)
 
     def delete_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
-        """Delete a serial: commit markers first (a half-deleted serial never looks complete),
-        then its files, then its emptied directories, deepest first."""
+        """Delete a serial: commit markers first, in reverse of their write order (a
+        half-deleted serial never looks complete), then its files, then its emptied
+        directories, deepest first."""
         files = self.serial_files(tree, info)
         markers = [m for m in self.commit_markers(tree, info) if m in files]
-        ops = [Op("delete", r, nbytes=tree.size(r), note="marker") for r in markers]
+        ops = [Op("delete", r, nbytes=tree.size(r), note="marker") for r in reversed(markers)]
         ops += [Op("delete", r, nbytes=tree.size(r)) for r in files if r not in markers]
         base = _serial_rel(tree, info)
         if base and tree.is_dir(base):

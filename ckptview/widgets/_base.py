@@ -98,3 +98,26 @@ def as_workspace(source) -> Workspace:
     if isinstance(source, (list, tuple)):
         return Workspace(list(source))
     return Workspace([source])
+
+
+NOTICE_STYLES = {
+    "info": {"background": "#e3f2fd", "color": "#0d3c61", "border-left": "4px solid #1976d2"},
+    "success": {"background": "#e8f5e9", "color": "#1b4d20", "border-left": "4px solid #2e7d32"},
+    "warning": {"background": "#fff8e1", "color": "#5d4200", "border-left": "4px solid #f9a825"},
+    "danger": {"background": "#ffebee", "color": "#7f1d1d", "border-left": "4px solid #c62828"},
+}
+
+
+def notice(text: str = "", kind: str = "info", **kwargs) -> pn.pane.Markdown:
+    """A readable message box (dark text on a light tint) in any design or theme."""
+    kwargs.setdefault("sizing_mode", "stretch_width")
+    pane = pn.pane.Markdown(text, **kwargs)
+    set_notice(pane, text, kind)
+    return pane
+
+
+def set_notice(pane: pn.pane.Markdown, text: str, kind: str = "info") -> None:
+    """Change a :func:`notice`'s text and kind; the kind is also a CSS class (for tests)."""
+    style = {**NOTICE_STYLES[kind], "padding": "2px 12px", "border-radius": "4px"}
+    classes = [c for c in pane.css_classes if not c.startswith("cv-notice-")]
+    pane.param.update(object=text, styles=style, css_classes=[*classes, f"cv-notice-{kind}"])

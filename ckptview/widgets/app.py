@@ -10,7 +10,7 @@ from __future__ import annotations
 import panel as pn
 import param
 
-from ._base import Workspace
+from ._base import Workspace, notice
 from .browser import RunBrowser
 from .compare import CompareView
 from .guard import Guard
@@ -65,7 +65,7 @@ class Dashboard(pn.viewable.Viewer):
     @param.depends("run", watch=True)
     def _show(self) -> None:
         if self.run is None:
-            self.browse_area.objects = [pn.pane.Alert("No tree open.", alert_type="warning")]
+            self.browse_area.objects = [notice("No tree open.", kind="warning")]
             return
         cat = self.workspace.runs[self.run]
         try:
@@ -77,7 +77,7 @@ class Dashboard(pn.viewable.Viewer):
             self.trajectory_area.objects = [self._trajectories[self.run]]
         except Exception as e:  # noqa: BLE001 - a tree that cannot be read is shown, not fatal
             self.browse_area.objects = [
-                pn.pane.Alert(f"**{self.run}**: {type(e).__name__}: {e}", alert_type="danger")
+                notice(f"**{self.run}**: {type(e).__name__}: {e}", kind="danger")
             ]
 
     def sidebar(self) -> list:
@@ -87,7 +87,7 @@ class Dashboard(pn.viewable.Viewer):
             else "**read-only**: nothing can be changed from this page"
         )
         return [
-            pn.pane.Alert(mode, alert_type="warning" if self.workspace.allow_write else "info",
+            notice(mode, kind="warning" if self.workspace.allow_write else "info",
                           css_classes=["ckptview-mode"]),
             pn.widgets.RadioBoxGroup.from_param(self.param.run, name="run",
                                                 css_classes=["ckptview-run-select"]),
@@ -111,11 +111,11 @@ def build_app(urls: list[str], allow_write: bool = False):
         try:
             workspace.add(url)
         except Exception as e:  # noqa: BLE001 - shown on the page
-            problems.append(pn.pane.Alert(f"`{url}`: {type(e).__name__}: {e}", alert_type="danger"))
+            problems.append(notice(f"`{url}`: {type(e).__name__}: {e}", kind="danger"))
     dashboard = Dashboard(workspace)
     if not urls:
-        problems.append(pn.pane.Alert("No tree given: `ckptview serve URL...`",
-                                      alert_type="warning"))  # fmt: skip
+        problems.append(notice("No tree given: `ckptview serve URL...`",
+                                      kind="warning"))  # fmt: skip
     return pmui.Page(
         title="ckptview" + ("" if allow_write else " · read-only"),
         sidebar=dashboard.sidebar(), sidebar_width=340,

@@ -187,7 +187,7 @@ class CompareView(pn.viewable.Viewer):
         except (TypeError, ValueError) as e:
             return [*out, plots.empty(f"difference: {e}")]
         counts, edges = streamed_histogram(lambda: [delta])
-        out.append(plots.histogram(counts, edges, f"B − A: {name}", "#6a1b9a"))
+        out.append(plots.histogram(counts, edges, f"B − A: {name}", "#6a1b9a", "B − A"))
         if delta.ndim == 2:
             out.append(plots.heatmap(delta, f"B − A heatmap ({delta.shape[0]}×{delta.shape[1]})"))
         return out

@@ -69,7 +69,7 @@ class VariableDetail(pn.viewable.Viewer):
             return
         r = row.iloc[0]
         err = r["error"] if isinstance(r["error"], str) and r["error"] else None
-        self.info.object = "\n".join(
+        self.info.object = "\n\n".join(
             [
                 f"#### `{self.variable}`" + (f" on `{self.node}`" if self.node else ""),
                 f"serial **{self.serial}** · kind **{r['kind']}** · dtype **{r['dtype']}** · "

@@ -19,12 +19,13 @@ def empty(message: str = "nothing to plot") -> hv.Element:
     return hv.Curve([]).opts(title=message, responsive=True, height=200, toolbar=None)
 
 
-def histogram(counts: np.ndarray, edges: np.ndarray, title: str, color: str = "#1565c0"):
+def histogram(counts: np.ndarray, edges: np.ndarray, title: str, color: str = "#1565c0",
+              kdim: str = "value"):  # fmt: skip
     """A histogram from precomputed ``counts`` and bin ``edges``."""
     if len(counts) == 0:
         return empty(f"{title}: no finite values")
-    return hv.Histogram((edges, counts), kdims=["value"], vdims=["count"]).opts(
-        title=title, color=color, line_color=None, **PLOT
+    return hv.Histogram((edges, counts), kdims=[kdim], vdims=["count"]).opts(
+        title=title, color=color, line_color=None, xformatter="%.3g", xticks=5, **PLOT
     )
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 import panel as pn
 import param
 
-from ._base import Workspace, as_workspace, in_background, table
+from ._base import Workspace, as_workspace, in_background, notice, set_notice, table
 from ._format import human_bytes
 
 MODES = {"in place (the framework resumes from it)": "in_place", "copy to URL": "copy"}
@@ -24,7 +24,7 @@ class RestoreView(pn.viewable.Viewer):
         self.workspace: Workspace = as_workspace(workspace)
         super().__init__(**params)
         self.planned = None
-        self.message = pn.pane.Alert("Choose a serial and press **Plan**.", alert_type="info",
+        self.message = notice("Choose a serial and press **Plan**.", kind="info",
                                      css_classes=["ckptview-restore-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
         self.plan_button = pn.widgets.Button(name="Plan (dry run)", button_type="primary",
@@ -91,7 +91,7 @@ class RestoreView(pn.viewable.Viewer):
             text += f" ({result.message})"
         if not self.workspace.allow_write:
             text += "\n\nThis dashboard is **read-only**: restoring is not offered."
-        self.message.object, self.message.alert_type = text, "info"
+        set_notice(self.message, text, "info")
         can = self.workspace.allow_write and len(ops) > 0
         self.confirm.name = f"Restore serial {result.serial}"
         self.confirm.visible = can
@@ -100,7 +100,7 @@ class RestoreView(pn.viewable.Viewer):
         try:
             self.show_plan(await in_background(self.body, self.plan))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
 
     def apply(self):
         """Run the planned restore; refused without write access or without a plan."""
@@ -112,8 +112,7 @@ class RestoreView(pn.viewable.Viewer):
         return cat.restore(int(serial), to=self._target() if mode == "copy" else None)
 
     def show_result(self, result) -> None:
-        self.message.object = f"**Done:** {str(result).splitlines()[0]}"
-        self.message.alert_type = "success"
+        set_notice(self.message, f"**Done:** {str(result).splitlines()[0]}", "success")
         self.confirm.visible = False
         self.planned = None
         self.workspace.touch()
@@ -123,7 +122,7 @@ class RestoreView(pn.viewable.Viewer):
             self.show_result(await in_background(self.body, self.apply))
         except Exception as e:  # noqa: BLE001 - refusals and failures are shown, never raised
             self.confirm.visible = False
-            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
 
     def __panel__(self):
         form = pn.Row(

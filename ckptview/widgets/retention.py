@@ -6,7 +6,7 @@ import pandas as pd
 import panel as pn
 import param
 
-from ._base import Workspace, as_workspace, in_background, table
+from ._base import Workspace, as_workspace, in_background, notice, set_notice, table
 from ._format import badge, human_bytes
 
 PLAN_SHOWN = ["serial", "action", "reason", "size", "step", "time"]
@@ -46,7 +46,7 @@ class RetentionView(pn.viewable.Viewer):
         self.workspace: Workspace = as_workspace(workspace)
         super().__init__(**params)
         self.plan: pd.DataFrame | None = None
-        self.message = pn.pane.Alert("Set a policy and press **Plan**.", alert_type="info",
+        self.message = notice("Set a policy and press **Plan**.", kind="info",
                                      css_classes=["ckptview-retention-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
         self.plan_button = pn.widgets.Button(name="Plan", button_type="primary",
@@ -167,7 +167,7 @@ class RetentionView(pn.viewable.Viewer):
         )
         if not self.workspace.allow_write:
             text += "\n\nThis dashboard is **read-only**: deleting is not offered."
-        self.message.object, self.message.alert_type = text, "info"
+        set_notice(self.message, text, "info")
         self.delete.name = f"Delete {len(doomed)} checkpoint{'s' if len(doomed) != 1 else ''}…"
         self.delete.visible = self.workspace.allow_write and bool(doomed)
         self.dialog.visible = False
@@ -176,7 +176,7 @@ class RetentionView(pn.viewable.Viewer):
         try:
             self.show_plan(await in_background(self.body, self.make_plan))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
 
     # -- confirm and apply ------------------------------------------------------------------
     def ask(self) -> None:
@@ -200,7 +200,7 @@ class RetentionView(pn.viewable.Viewer):
             self.ask()
         except Exception as e:  # noqa: BLE001 - refusals are shown, never raised
             self.delete.visible = False
-            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
 
     def _on_cancel(self, event=None) -> None:
         self.dialog.visible = False
@@ -215,11 +215,11 @@ class RetentionView(pn.viewable.Viewer):
     def show_result(self, deleted: pd.DataFrame) -> None:
         freed = int(deleted["nbytes"].sum()) if len(deleted) else 0
         serials = ", ".join(str(int(s)) for s in deleted.index)
-        self.message.object = (
+        text = (
             f"**Deleted {len(deleted)} checkpoint{'s' if len(deleted) != 1 else ''}** "
             f"(serials {serials or 'none'}; {human_bytes(freed)} freed)."
         )
-        self.message.alert_type = "success"
+        set_notice(self.message, text, "success")
         self.dialog.visible = self.delete.visible = False
         self.plan = None
         self.table.value = pd.DataFrame(columns=PLAN_SHOWN)
@@ -230,7 +230,7 @@ class RetentionView(pn.viewable.Viewer):
             self.show_result(await in_background(self.body, self.apply))
         except Exception as e:  # noqa: BLE001 - refusals and failures are shown
             self.dialog.visible = False
-            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
 
     def save(self):
         """Store the form's policy with the tree (``cat.set_retention``)."""
@@ -240,10 +240,9 @@ class RetentionView(pn.viewable.Viewer):
     def _on_save(self, event=None) -> None:
         try:
             self.save()
-            self.message.object = f"Policy saved with `{self.run}`."
-            self.message.alert_type = "success"
+            set_notice(self.message, f"Policy saved with `{self.run}`.", "success")
         except Exception as e:  # noqa: BLE001
-            self.message.object, self.message.alert_type = f"{type(e).__name__}: {e}", "danger"
+            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
 
     def __panel__(self):
         w = pn.widgets

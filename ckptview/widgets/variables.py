@@ -42,7 +42,7 @@ class VariablesTable(pn.viewable.Viewer):
             pd.DataFrame(columns=SHOWN), pagination="remote", page_size=50, selectable=1,
             formatters={"share": {"type": "progress", "max": 100, "legend": True,
                                   "color": "#64b5f6", "legendAlign": "left"}},
-            titles={"share": "% of serial"}, css_classes=["ckptview-variables"],
+            titles={"share": "% of serial"}, widths={"share": 170}, css_classes=["ckptview-variables"],
             name="variables",
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")

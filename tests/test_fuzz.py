@@ -1,0 +1,265 @@
+"""Fuzzing every codec with truncated and mutated copies of small real corpus files.
+
+Each case must list without raising (a bad file is an error row), within a time limit, under
+a memory cap, and every ``read`` of a listed row either returns an array of the catalogued
+dtype and shape or raises an ordinary exception. Every case goes through the codec as the
+catalog calls it (``catalog.list_file``); a sample also through ``ckptview.open``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import tracemalloc
+import zipfile
+import zlib
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+
+import ckptview as cv
+from ckptview.catalog import list_file
+from ckptview.dtypes import np_dtype
+from ckptview.io import Storage
+from ckptview.model import FileRef
+
+from conftest import CORPUS, corpus_path
+
+SEED = 20240611
+N_FLIPS = 200
+HEAD_OFFSETS = 512  # every truncation offset below this
+N_STRIDE = 48  # then this many truncation offsets spread over the rest
+CATALOG_EVERY = 12  # every n-th case also goes through ckptview.open
+CASE_SECONDS = 5
+PEAK_BYTES = 64 << 20
+MAX_READS = 4  # rows read per case
+#: exceptions a bad file may raise from ``read`` (MemoryError, SystemError, RecursionError,
+#: AttributeError, TypeError … are bugs)
+OK_ERRORS = (ValueError, KeyError, IndexError, OSError, EOFError, NotImplementedError,
+             OverflowError, zipfile.BadZipFile, struct.error, zlib.error,
+             pickle.UnpicklingError)  # fmt: skip
+
+#: one or two small files per codec: (tree to copy or None for the file alone, file)
+TARGETS = [
+    (None, "modern/hf/checkpoint-100/scheduler.pt"),  # torch zip
+    (None, "modern/torch/run_legacy/step_100.pt"),  # torch legacy
+    (None, "modern/npz/step_300_compressed.npz"),
+    (None, "modern/npz/step_100.npz"),
+    (None, "paddle/static_vars/seq_lod_var"),
+    (None, "paddle/selected_rows/emb_sparse_table.bin"),
+    (None, "paddle/static_combined_pir/__params__"),
+    (None, "paddle/dygraph/lowp.pdparams"),
+    (None, "paddle/dygraph/model_protocol2.pdparams"),
+    (None, "modern/safetensors/sharded/model-00001-of-00002.safetensors"),
+    (None, "caffe2/extra/edge_cases.minidb"),
+    (None, "caffe2/extra/single_node/temp_node.0"),
+    ("modern/tf/run_ckpt", "modern/tf/run_ckpt/ckpt-300.index"),
+    ("paddle/dist_ckpt", "paddle/dist_ckpt/0_0.distcp"),
+    ("modern/dcp", "modern/dcp/step_1/.metadata"),
+]
+#: files a layout parses itself (state, metadata): fuzzed through ckptview.open only
+TREE_TARGETS = [
+    ("paddle/dist_ckpt", "paddle/dist_ckpt/0.metadata"),
+    ("tf_orbax/orbax/run3_noocdbt", "tf_orbax/orbax/run3_noocdbt/2/state/_METADATA"),
+    ("tf_orbax/orbax/run3_noocdbt", "tf_orbax/orbax/run3_noocdbt/2/state/opt.mu/.zarray"),
+]
+
+
+class CaseTimeout(BaseException):
+    """Raised by the alarm: a BaseException, so no ``except Exception`` can swallow it."""
+
+
+def _alarm(signum, frame):
+    raise CaseTimeout
+
+
+def mutations(data: bytes, rng: random.Random, n_flips: int = N_FLIPS,
+              head: int = HEAD_OFFSETS, n_stride: int = N_STRIDE):  # fmt: skip
+    """(label, bytes): truncations at every offset below ``head`` and a stride beyond, then
+    seeded mutations (random bytes, huge 32/64-bit lengths, zeroed runs)."""
+    size = len(data)
+    cuts = list(range(min(head, size)))
+    if size > head:
+        cuts += sorted({head + (size - head) * i // n_stride for i in range(n_stride)})
+    for n in cuts:
+        yield f"cut@{n}", data[:n]
+    for i in range(n_flips):
+        buf = bytearray(data)
+        how = i % 4
+        pos = rng.randrange(size) if rng.random() < 0.5 else rng.randrange(min(size, 64))
+        if how == 0:
+            for _ in range(rng.randint(1, 4)):
+                buf[rng.randrange(size)] = rng.randrange(256)
+        elif how == 1:
+            buf[pos : pos + 4] = rng.choice([b"\xff\xff\xff\x7f", b"\xff\xff\xff\xff",
+                                             b"\x00\x00\x00\x80"])  # fmt: skip
+        elif how == 2:
+            buf[pos : pos + 8] = rng.choice([b"\xff" * 8, b"\xff\xff\xff\xff\xff\x00\x00\x00"])
+        else:
+            buf[pos : pos + rng.randint(1, 16)] = bytes(16)[: rng.randint(1, 16)]
+        yield f"mut{i}@{pos}", bytes(buf[:size]) if how else bytes(buf)
+
+
+def _check_reads(reader, variables, label: str) -> None:
+    """Read a few listed rows: an ndarray of the catalogued dtype/shape, or a normal error."""
+    rows = [v for v in variables if v.error is None and v.dtype != "object"][:MAX_READS]
+    for var in rows:
+        try:
+            arr = reader(var)
+        except OK_ERRORS:
+            continue
+        assert isinstance(arr, np.ndarray), (label, var.name, type(arr))
+        assert arr.dtype == np_dtype(var.dtype), (label, var.name, arr.dtype, var.dtype)
+        assert tuple(arr.shape) == tuple(var.shape), (label, var.name, arr.shape, var.shape)
+
+
+def run_case(label: str, fn) -> None:
+    """Run one case under the alarm and the memory cap; any exception fails the test."""
+    tracemalloc.reset_peak()
+    signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
+    start = time.monotonic()
+    try:
+        fn()
+    except CaseTimeout:
+        pytest.fail(f"{label}: no result after {CASE_SECONDS} s")
+    except Exception as e:  # noqa: BLE001 - report which case broke, with the cause
+        raise AssertionError(f"{label}: {type(e).__name__}: {e}") from e
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    peak = tracemalloc.get_traced_memory()[1]
+    assert peak < PEAK_BYTES, f"{label}: peak allocation {peak >> 20} MiB"
+    assert time.monotonic() - start < CASE_SECONDS, label
+
+
+@pytest.fixture()
+def harness():
+    """tracemalloc and the alarm handler around a test."""
+    old = signal.signal(signal.SIGALRM, _alarm)
+    tracemalloc.start()
+    try:
+        yield
+    finally:
+        tracemalloc.stop()
+        signal.signal(signal.SIGALRM, old)
+
+
+def _copy(tmp_path: Path, tree: str | None, rel: str) -> tuple[Path, Path]:
+    """A private copy of the target (its whole tree when given): (root to open, target)."""
+    if tree is None:
+        target = tmp_path / Path(rel).name
+        shutil.copyfile(corpus_path(rel), target)
+        return target, target
+    root = tmp_path / Path(tree).name
+    shutil.copytree(corpus_path(tree), root)
+    return root, root / Path(rel).relative_to(tree)
+
+
+def _catalog_case(root: Path, label: str) -> None:
+    cat = cv.open(str(root), cache=False)
+    df = cat.variables
+    cat.serials  # noqa: B018
+    ok = df[df["error"].isna() & (df["dtype"] != "object")].head(MAX_READS)
+    for row in ok.itertuples():
+        try:
+            arr = cat.read(row.name, serial=row.serial, node=row.node)
+        except OK_ERRORS:
+            continue
+        assert arr.dtype == np_dtype(row.dtype) and arr.shape == row.shape, (label, row.name)
+
+
+def _fuzz_file(root: Path, target: Path, rng: random.Random, **kw) -> int:
+    """All cases for one file; returns how many listings parsed at least one variable."""
+    data = target.read_bytes()
+    cat = cv.open(str(root), cache=False)
+    refs = [(s.serial, r) for s in cat.scan.serials for r in s.files if r.path == str(target)]
+    assert refs, f"{target} is not a data file of {root}"
+    serial, ref = refs[0]
+    fs = fsspec.filesystem("file")
+    listed = 0
+    for i, (label, buf) in enumerate(mutations(data, rng, **kw)):
+        target.write_bytes(buf)
+        label = f"{target.name}:{label}"
+
+        def case(buf=buf, label=label, i=i):
+            nonlocal listed
+            storage = Storage(fs)
+            res = list_file(storage, serial, dataclasses.replace(ref, size=len(buf)))
+            assert res.error is None or isinstance(res.error, str)
+            listed += bool(res.variables)
+            for var in res.variables:
+                assert all(isinstance(d, int) and d >= 0 for d in var.shape), (label, var)
+            if res.codec:
+                from ckptview import registry
+
+                codec = registry.get_codec(res.codec)
+                blob = storage.blob(ref.path, len(buf))
+                _check_reads(lambda v: codec.read(blob, v), res.variables, label)
+            if i % CATALOG_EVERY == 0:
+                _catalog_case(root, label)
+
+        run_case(label, case)
+    target.write_bytes(data)
+    return listed
+
+
+@pytest.mark.parametrize("tree,rel", TARGETS, ids=[Path(r).name for _, r in TARGETS])
+def test_fuzz_codec(tree, rel, tmp_path, harness):
+    root, target = _copy(tmp_path, tree, rel)
+    listed = _fuzz_file(root, target, random.Random(f"{SEED}:{rel}"))
+    assert listed > 0  # the intact prefix of the file still lists (the test is not vacuous)
+
+
+def test_fuzz_npy(tmp_path, harness):
+    """``.npy`` (no corpus file of its own): one written by numpy."""
+    target = tmp_path / "w.npy"
+    np.save(target, np.arange(24, dtype=">f4").reshape(2, 3, 4))
+    assert _fuzz_file(target, target, random.Random(SEED)) > 0
+
+
+@pytest.mark.parametrize("tree,rel", TREE_TARGETS, ids=[Path(r).name for _, r in TREE_TARGETS])
+def test_fuzz_layout_files(tree, rel, tmp_path, harness):
+    """Metadata a layout or tree codec parses: the whole tree through ckptview.open."""
+    root, target = _copy(tmp_path, tree, rel)
+    data = target.read_bytes()
+    rng = random.Random(f"{SEED}:{rel}")
+    for label, buf in mutations(data, rng, n_flips=40, head=48, n_stride=16):
+        target.write_bytes(buf)
+        run_case(f"{rel}:{label}", lambda label=label: _catalog_case(root, label))
+
+
+KERAS_SCRIPT = """
+import random, sys
+sys.path.insert(0, {tests!r})
+import test_fuzz as t
+from pathlib import Path
+root = Path({root!r})
+t.tracemalloc.start()
+t.signal.signal(t.signal.SIGALRM, t._alarm)
+n = t._fuzz_file(root, root, random.Random({seed!r}), n_flips=120, head=128, n_stride=24)
+print("listed", n)
+"""
+
+
+@pytest.mark.parametrize("rel", ["tf_orbax/tf/keras/w.weights.h5", "tf_orbax/tf/keras/m.keras"])
+def test_fuzz_keras(rel, tmp_path):
+    """HDF5 goes through libhdf5: run in a child process so a crash fails this test only."""
+    root, _ = _copy(tmp_path, None, rel)
+    script = KERAS_SCRIPT.format(tests=str(Path(__file__).parent), root=str(root),
+                                 seed=f"{SEED}:{rel}")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=str(Path(__file__).parents[1]))  # fmt: skip
+    assert proc.returncode == 0, f"child died ({proc.returncode}): {proc.stderr[-1500:]}"
+    assert "listed" in proc.stdout
+
+
+def test_corpus_present():
+    assert (CORPUS / "INDEX.json").exists()

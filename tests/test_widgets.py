@@ -1,0 +1,241 @@
+"""The Panel components in-process, on the demo tree and corpus trees (no browser).
+
+Expected values come from the catalog (or the demo's own arrays), never from the widgets.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from conftest import corpus_path
+
+import ckptview as cv
+from ckptview.demo import model_arrays, write_demo
+from ckptview.widgets import (
+    AccessRefused,
+    CompareView,
+    Guard,
+    RestoreView,
+    RetentionView,
+    RunBrowser,
+    SerialsTable,
+    TrajectoryPlot,
+    TreePicker,
+    VariablesTable,
+    Workspace,
+    build_app,
+)
+from ckptview.widgets._format import human_bytes, serials_frame, streamed_histogram
+
+SERIALS = 6
+
+
+@pytest.fixture
+def demo(tmp_path):
+    return write_demo(tmp_path / "tree", serials=SERIALS)
+
+
+@pytest.fixture
+def cat(demo):
+    return cv.open(demo.root)
+
+
+def test_human_bytes():
+    assert human_bytes(0) == "0 B"
+    assert human_bytes(1023) == "1023 B"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(3 * 2**30) == "3.0 GiB"
+
+
+@pytest.mark.parametrize("tree", ["paddle/fluid_ckpt", "caffe2/ckpt"])
+def test_serials_table_statuses_match_the_catalog(tree):
+    cat = cv.open(corpus_path(*tree.split("/")))
+    table = SerialsTable(cat)
+    frame = table.frame
+    s = cat.serials
+    assert list(frame["serial"]) == list(s.index)
+    latest = frame.set_index("serial")["status"] == "latest"
+    assert list(latest[latest].index) == [cat.latest]
+    incomplete = set(s.index[~s["complete"]])
+    assert set(frame.loc[frame["status"] == "incomplete", "serial"]) == incomplete
+    assert table.selected == cat.latest
+    assert table.table.pagination == "remote"
+    assert f"{len(s)} serials" in table.summary.object
+
+
+def test_serials_frame_sizes_and_metrics(cat):
+    frame = serials_frame(cat)
+    assert list(frame["size"]) == [human_bytes(n) for n in cat.serials["nbytes"]]
+    assert list(frame["nodes"])[0] == ", ".join(cat.serials["nodes"].iloc[0])
+
+
+def test_clicking_a_serial_shows_its_variables(cat):
+    browser = RunBrowser(cat)
+    counts = cat.variables.groupby("serial").size()
+    assert (
+        f"Serial {cat.latest} · {counts[cat.latest]} variables" in browser.variables.heading.object
+    )
+    browser.serials.select(1)
+    assert browser.variables.serial == 1
+    assert len(browser.variables.table.value) == counts[1]
+    assert f"Serial 1 · {counts[1]} variables" in browser.variables.heading.object
+
+
+def test_variable_filters_and_totals(cat):
+    vt = VariablesTable(cat, serial=2)
+    v = cat.variables[cat.variables["serial"] == 2]
+    assert vt.table.value["name"].iloc[0] == v.sort_values("nbytes").iloc[-1]["name"]  # biggest
+    vt.kinds = ["optimizer"]
+    assert len(vt.table.value) == (v["kind"] == "optimizer").sum()
+    vt.kinds, vt.name_filter = [], "MOMENT1"
+    assert set(vt.table.value["name"]) == {n for n in v["name"] if "moment1" in n}
+    vt.name_filter, vt.nodes = "", ["pserver_0"]
+    assert list(vt.table.value["name"]) == list(v.loc[v["node"] == "pserver_0", "name"])
+    vt.nodes, vt.dtypes = [], ["int64"]
+    assert len(vt.table.value) == (v["dtype"] == "int64").sum()
+    vt.dtypes = []
+    by_kind = vt.by_kind.value.set_index("kind")
+    for kind, nbytes in v.groupby("kind")["nbytes"].sum().items():
+        assert by_kind.loc[kind, "nbytes"] == nbytes
+    by_node = vt.by_node.value.set_index("node")
+    assert by_node.loc["(shared)", "count"] == (v["node"] == "").sum()
+
+
+def test_variable_detail_stats_and_histogram(cat, demo):
+    browser = RunBrowser(cat)
+    browser.serials.select(2)
+    row = browser.variables.table.value.index[browser.variables.table.value["name"] == "fc_0.w_0"]
+    browser.variables.table.selection = [int(row[0])]
+    detail = browser.detail
+    assert detail.variable == "fc_0.w_0" and detail.serial == 2
+    assert "256×64" in detail.info.object
+    detail.show(detail.compute())
+    values = model_arrays(2)["fc_0.w_0"].astype(np.float64)
+    stats = dict(zip(detail.stats.value["statistic"], detail.stats.value["value"]))
+    assert float(stats["max"]) == pytest.approx(values.max(), rel=1e-3)
+    assert float(stats["l2"]) == pytest.approx(np.linalg.norm(values), rel=1e-3)
+    counts, edges = streamed_histogram(lambda: [values])
+    assert counts.sum() == values.size
+    assert type(detail.plot.object).__name__ == "Histogram"
+
+
+def test_compare_view_sorted_by_rel_l2_with_plots(cat):
+    view = CompareView(Workspace([cat]))
+    view.param.update(serial_a=1, serial_b=4)
+    view.show(view.compute())
+    diff = cat.diff(1, 4)
+    shown = view.table.value
+    assert len(shown) == len(diff)
+    changed = diff[diff["status"] == "changed"].sort_values("rel_l2", ascending=False)
+    top = changed.iloc[0]
+    assert top["name"] in shown["name"].iloc[0] or shown["name"].iloc[0] == top["name"]
+    assert "changed" in shown["status"].iloc[0]
+    view.show_variable("", "fc_1.w_0")
+    kinds = [type(p.object).__name__ for p in view.plots.objects[1].objects]
+    assert kinds == ["Histogram", "Histogram", "Histogram", "Image"]
+    view.hide_identical = True
+    assert len(view.table.value) == (diff["status"] != "identical").sum()
+
+
+def test_compare_across_runs(tmp_path, cat):
+    other = cv.open(write_demo(tmp_path / "other", serials=4, seed=7).root)
+    ws = Workspace([cat, other])
+    view = CompareView(ws)
+    view.param.update(run_a=list(ws.runs)[0], serial_a=2, run_b=list(ws.runs)[1], serial_b=2)
+    shown = view.compute()
+    expected = cat.diff(2, 2, other=other)
+    assert list(shown["rel_l2"].fillna(-1)) == list(expected["rel_l2"].fillna(-1))
+
+
+def test_trajectory_plot_follows_the_catalog(cat):
+    plot = TrajectoryPlot(cat, names=["fc_0.w_0"])
+    expected = cat.trajectory("fc_0.w_0", stat="l2")
+    assert list(plot.series[0].values) == pytest.approx(list(expected.values))
+    plot.stat = "max"
+    assert list(plot.series[0].values) == pytest.approx(list(cat.trajectory("fc_0.w_0", "max")))
+
+
+def test_restore_plan_then_confirm(cat, tmp_path):
+    ws = Workspace([cat], guard=Guard(roots=[str(tmp_path)], allow_write=True))
+    view = RestoreView(ws)
+    view.serial = 1
+    view.mode = "copy"
+    view.destination = str(tmp_path / "restored")
+    view.show_plan(view.plan())
+    assert view.confirm.visible and not (tmp_path / "restored").exists()
+    view.show_result(view.apply())
+    copy = cv.open(tmp_path / "restored")
+    assert copy.latest == 1
+    view.param.update(destination="/elsewhere/restored")
+    with pytest.raises(AccessRefused):
+        view.plan()
+
+
+def test_retention_plan_confirm_apply(cat):
+    view = RetentionView(Workspace([cat]))
+    view.keep_last = 2
+    view.show_plan(view.make_plan())
+    expected = cat.plan_retention(keep_last=2)
+    doomed = [int(s) for s in expected.index[expected["action"] == "delete"]]
+    assert view.doomed() == doomed and len(cat.serials) == SERIALS  # nothing deleted yet
+    assert view.delete.visible and view.delete.name.startswith(f"Delete {len(doomed)} checkpoints")
+    view.ask()
+    assert view.confirm.name == f"Delete {len(doomed)} checkpoints" and view.dialog.visible
+    view.show_result(view.apply())
+    assert sorted(set(range(SERIALS)) - set(cat.refresh().serials.index)) == doomed
+    assert f"Deleted {len(doomed)} checkpoints" in view.message.object
+
+
+def test_retention_policy_saved_with_the_tree(cat):
+    view = RetentionView(Workspace([cat]))
+    view.param.update(keep_last=4, pinned=[0])
+    view.save()
+    again = RetentionView(Workspace([cv.open(cat.url)]))
+    assert again.keep_last == 4 and again.pinned == [0]
+
+
+def test_read_only_offers_and_does_nothing(cat):
+    ws = Workspace([cat], guard=Guard(roots=[cat.url], allow_write=False))
+    ret = RetentionView(ws)
+    ret.keep_last = 1
+    ret.show_plan(ret.make_plan())
+    assert not ret.delete.visible and not ret.save_button.visible
+    with pytest.raises(AccessRefused):
+        ret.ask()
+    with pytest.raises(AccessRefused):
+        ret.apply()
+    with pytest.raises(AccessRefused):
+        ret.save()
+    ret._on_delete()  # a forced click is refused and shown
+    assert "refused" in ret.message.object and not ret.dialog.visible
+    rv = RestoreView(ws)
+    rv.serial = 1
+    rv.show_plan(rv.plan())
+    assert not rv.confirm.visible
+    with pytest.raises(AccessRefused):
+        rv.apply()
+    assert len(cat.refresh().serials) == SERIALS
+
+
+def test_picker_refuses_urls_outside_the_roots(tmp_path, demo):
+    inside = tmp_path / "tree"
+    shutil.copytree(corpus_path("caffe2", "ckpt"), tmp_path / "runs" / "caffe2")
+    ws = Workspace(guard=Guard(roots=[str(inside), str(tmp_path / "runs")]))
+    picker = TreePicker(ws)
+    picker.url = str(tmp_path / "runs" / "caffe2")
+    assert picker.open() == "caffe2" and ws.runs["caffe2"].layout == "caffe2"
+    for url in ("/etc", str(inside / ".." / ".."), "memory://x"):
+        picker.url = url
+        with pytest.raises(AccessRefused):
+            picker.open()
+    picker.url, picker.storage_options = str(inside), "{not json"
+    with pytest.raises(ValueError, match="JSON"):
+        picker.open()
+
+
+def test_build_app_renders(demo):
+    page = build_app([str(demo.root)])
+    model = page.get_root()
+    assert model is not None
