@@ -18,7 +18,8 @@ import ckptview as cv
 SERIAL_COLUMNS = ["serial", "complete", "latest", "timestamp", "nbytes", "epoch", "step",
                   "nodes", "error"]  # fmt: skip
 VARIABLE_COLUMNS = ["node", "name", "kind", "dtype", "shape", "numel", "nbytes", "error"]
-TICK = {"type": "tickCross", "crossElement": False}
+TICK = {"type": "tickCross"}
+TICK_ONLY = {"type": "tickCross", "crossElement": False}
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], bool]:
@@ -81,7 +82,7 @@ def tree_view(url: str) -> pn.viewable.Viewable:
     )
     table = pn.widgets.Tabulator(
         serials, show_index=False, selectable=1, disabled=True, layout="fit_data_table",
-        formatters={"complete": TICK, "latest": TICK}, sizing_mode="stretch_width",
+        formatters={"complete": TICK, "latest": TICK_ONLY}, sizing_mode="stretch_width",
         text_align={"epoch": "right", "step": "right"}, widths={"error": 420},
         configuration={"columnDefaults": {"tooltip": True}},
         name="serials", css_classes=["ckptview-serials"],

@@ -54,6 +54,9 @@ class HeaderCache:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __bool__(self) -> bool:  # an empty cache is still a cache
+        return True
+
     # -- keys ------------------------------------------------------------------------
     @staticmethod
     def key(kind: str, url: str, info: dict | None, *extra: Any) -> str | None:

@@ -180,8 +180,8 @@ class Catalog:
                 )  # fmt: skip
             if res.error:
                 rows.append(
-                    (res.serial, res.ref.node, _join(res.ref.prefix, posixpath.basename(res.ref.path)),
-                     "other", "object", (), 0, 0, url, res.error)
+                    (res.serial, res.ref.node, _file_row_name(res.ref), "other", "object", (),
+                     0, 0, url, res.error)
                 )  # fmt: skip
         df = pd.DataFrame(rows, columns=VARIABLE_COLUMNS)
         df["error"] = _none_or_str(df["error"])
@@ -427,6 +427,12 @@ def var_name(ref: FileRef, var: VarInfo) -> str:
     if not var.name:
         return ref.prefix or posixpath.basename(ref.path)
     return _join(ref.prefix, var.name)
+
+
+def _file_row_name(ref: FileRef) -> str:
+    """The name of the row standing for a whole file that could not be read."""
+    base = posixpath.basename(ref.path)
+    return ref.prefix if ref.prefix.endswith(base) else _join(ref.prefix, base)
 
 
 def _join(prefix: str, name: str) -> str:

@@ -192,7 +192,7 @@ def model_arrays(serial: int, scale: int = 1, seed: int = SEED) -> dict[str, np.
     t = schedule(serial)[2]
     progress = 1.0 - np.exp(-t / _TAU)
     out: dict[str, np.ndarray] = {}
-    for name, (shape, dtype) in shapes(scale).items():
+    for name, (shape, _dtype) in shapes(scale).items():
         if name in _MOTION or name == "pos_emb.w_0" or name.startswith("batch_norm_0.w_"):
             out[name] = _param(name, shape, t, progress, seed)
     for p in TRAINABLE:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from .journal import META_DIR, Journal, OpRunner, TreeLock
 from .layouts.base import Op
-from .restore import managed, serial_info
+from .restore import serial_info
 
 POLICY_FILE = f"{META_DIR}/retention.json"
 PLAN_COLUMNS = ["action", "reason", "nbytes", "complete", "latest", "timestamp", "step"]
@@ -287,7 +287,7 @@ def apply_retention(cat, plan: pd.DataFrame,
     with TreeLock(fs, root, "retention"):
         cat.refresh()
         doomed = check_plan(cat, plan)
-        layout, tree, scan = managed(cat._layout), cat.tree, cat.scan
+        layout, tree, scan = cat._layout, cat.tree, cat.scan
         journal.write("begin", action="retention", delete=doomed, policy=plan.attrs.get("policy"))
         try:
             for s in doomed:

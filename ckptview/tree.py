@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 from .io import Blob, Storage, normalize_info
 
@@ -104,14 +106,28 @@ class Tree:
 
     def read_bytes(self, rel: str, limit: int = 1 << 20) -> bytes:
         """A small file's bytes (at most ``limit``: markers, state files, JSON)."""
-        cache = self.cache
-        key = cache.key("bytes", self.url(rel), self.entries.get(rel), limit) if cache else None
+        cache, key = self.cache, None
+        if cache is not None:
+            key = cache.key("bytes", self.url(rel), self.entries.get(rel), limit)
         data = cache.get(key) if key else None
         if data is None:
             data = self.blob(rel).read_upto(0, limit)
             if key:
                 cache.put(key, data)
         return data
+
+    def memo(self, rel: str, tag: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` (a layout's parse of a small file), remembered in the header cache
+        under the file's identity (url, size, mtime/ETag) so a rescan does not read it again."""
+        cache, key = self.cache, None
+        if cache is not None:
+            key = cache.key(tag, self.url(rel), self.entries.get(rel))
+        value = cache.get(key) if key else None
+        if value is None:
+            value = compute()
+            if key:
+                cache.put(key, value)
+        return value
 
     def read_text(self, rel: str, limit: int = 1 << 20) -> str:
         return self.read_bytes(rel, limit).decode("utf-8", "replace")

@@ -72,8 +72,8 @@ class MotoServer:
 
 @dataclass
 class Rule:
-    """Answer ``times`` requests (None: all) of ``method`` on keys containing ``key`` with an
-    S3 error ``status``/``code``."""
+    """Answer ``times`` requests (None: all) of ``method`` on ``key`` with an
+    S3 error ``status``/``code`` (``key``: "bucket/key", exact)."""
 
     method: str
     key: str
@@ -170,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.state.lock:
             for rule in self.state.rules:
                 live = rule.times is None or rule.hits < rule.times
-                if rule.method == method and rule.key in key and live:
+                if rule.method == method and rule.key == key and live:
                     rule.hits += 1
                     return rule
         return None

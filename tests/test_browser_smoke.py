@@ -111,12 +111,16 @@ def test_serials_listed_and_a_click_shows_variables(page, served, demo):
     expect(var_rows).to_have_count(int(counts[1]))
     expect(page.locator(".ckptview-variables")).to_contain_text("fc_0.w_0_moment1_0")
     RESULTS.mkdir(exist_ok=True)
+    page.mouse.move(0, 0)  # no hover tooltip in the picture
+    page.wait_for_timeout(600)
     page.screenshot(path=str(RESULTS / "browser_smoke_serial1.png"), full_page=True)
 
     crashed = SERIALS - 1
     serial_rows.nth(crashed).click()
     expect(heading).to_contain_text(f"Serial {crashed} · {counts[crashed]} variables")
     expect(page.locator(".ckptview-variables")).to_contain_text("TruncatedError")
+    page.mouse.move(0, 0)
+    page.wait_for_timeout(600)
     page.screenshot(path=str(RESULTS / "browser_smoke_crashed.png"), full_page=True)
 
 

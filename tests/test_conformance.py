@@ -15,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import CORPUS
 
 import ckptview as cv
 from ckptview import registry
 from ckptview.dtypes import np_dtype
-
-from conftest import CORPUS
 
 INDEX = json.loads((CORPUS / "INDEX.json").read_text()) if (CORPUS / "INDEX.json").exists() else {}
 TREES = [t for t in INDEX.get("trees", []) if not t.get("hostile")]
@@ -142,9 +141,9 @@ def test_codec_claims_only_its_families(name):
     codec = registry.get_codec(name)
     wrong = []
     for rel in FILES:
-        if codec.guess_can_open(posixpath.basename(rel), _head(rel)):
-            if name not in expected_codecs(family_of(rel), rel):
-                wrong.append(rel)
+        claimed = codec.guess_can_open(posixpath.basename(rel), _head(rel))
+        if claimed and name not in expected_codecs(family_of(rel), rel):
+            wrong.append(rel)
     assert not wrong, f"{name} claims {wrong[:5]} ({len(wrong)} files of other families)"
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
+from test_deepspeed import write_tag
+from test_paddle import _incubate_tree
 from test_restore import copy_corpus, snapshot
 from test_stats_diff import write_lod
 
@@ -29,6 +31,7 @@ from ckptview.restore import export_to
 from ckptview.tree import Tree
 
 RESULTS: dict[str, list[int]] = {}  # scenario -> [points injected, survived]
+TOTALS: dict[str, int] = {}  # scenario -> mutating calls the change makes
 
 
 class InjectedFault(OSError):
@@ -109,7 +112,8 @@ def check_journal(root: Path, before: dict, fs: FaultyFS, crash: bool) -> None:
     events = read_journal(fsspec.filesystem("file"), f"{root}/.ckptview/journal.jsonl")
     now = snapshot(root)
     changed = {p for p in set(before) | set(now) if before.get(p) != now.get(p)}
-    intents = [e["op"]["path"] for e in events if e["event"] == "intent"]
+    ops = [e["op"] for e in events if e["event"] == "intent"]
+    intents = [o["path"] for o in ops] + [o["src"] for o in ops if o["kind"] == "rename"]
     for p in changed:
         assert any(p == i or p.startswith(i + "/") for i in intents), f"unjournaled {p}"
     bookkeeping = ("/.ckptview/journal", "/.ckptview/lock")
@@ -123,17 +127,22 @@ def check_journal(root: Path, before: dict, fs: FaultyFS, crash: bool) -> None:
 
 
 def run_points(name: str, setup: Callable[[Path], Path], act: Callable[[FaultyFS, Path], None],
-               check: Callable[[Path, dict], None], tmp: Path) -> None:  # fmt: skip
-    """Count the mutating calls of ``act``, then fail each one under both models."""
+               check: Callable[[Path, dict], None], tmp: Path, stride: int = 1) -> None:  # fmt: skip
+    """Count the mutating calls of ``act``, then fail each one under both models (every
+    ``stride``-th one, offset per model so the two together cover more points, and always
+    the first and the last)."""
     base = setup(tmp / "count")
     counter = FaultyFS(fsspec.filesystem("file"))
     act(counter, base)
     total = counter.calls
     assert total > 5
-    for crash in (True, False):
+    for offset, crash in enumerate((True, False)):
         key = f"{name}/{'crash' if crash else 'fault'}"
         RESULTS[key] = [0, 0]
-        for k in range(1, total + 1):
+        start = 1 + (offset * stride // 2)
+        points = sorted({1, total, *range(start, total + 1, stride)})
+        TOTALS[key] = total
+        for k in points:
             root = setup(tmp / f"{key.replace('/', '-')}-{k}")
             before = snapshot(root)
             fs = FaultyFS(fsspec.filesystem("file"), fail_at=k, crash=crash)
@@ -257,9 +266,94 @@ def test_crash_during_caffe2_promote(tmp_path):
                lambda fs, root: faulty_catalog(root, fs, "caffe2").restore(2), check, tmp_path)  # fmt: skip
 
 
+# -- the other families: one promote and one retention each ---------------------------------
+def tree_check(layout: str, latest: int, source: int | None = None, target: int | None = None):
+    """The tree still opens with ``layout``; ``latest`` is untouched and still the resume
+    point, or the promoted ``target`` is (a pointer move: DeepSpeed then counts tags newer
+    than ``latest`` as interrupted); every complete serial holds exactly its own files (the
+    target: exactly the source's)."""
+
+    def check(root: Path, before: dict) -> None:
+        cat = cv.open(root)
+        assert cat.layout == layout
+        table, now = cat.serials, snapshot(root)
+        assert cat.latest in (latest, target)
+        assert cat.latest == target or bool(table.loc[latest, "complete"])
+        rel = cat.tree.rel(table.loc[latest, "path"])
+        assert files_under(now, rel + "/") == files_under(before, rel + "/")
+        origin = {}
+        for s in table.index:  # where each serial's files were before the change
+            rel = cat.tree.rel(table.loc[s, "path"])
+            origin[s] = rel.replace(str(target), str(source)) if s == target else rel
+        for s in table.index[table["complete"]]:
+            rel = cat.tree.rel(table.loc[s, "path"])
+            assert files_under(now, rel + "/") == files_under(before, origin[s] + "/"), s
+
+    return check
+
+
+def small_orbax(d: Path) -> Path:
+    return copy_corpus("tf_orbax/orbax/run3_noocdbt", d)
+
+
+def small_hf(d: Path) -> Path:
+    root = copy_corpus("modern/hf", d)
+    for n in (100, 200, 300):  # the model weights only: enough files, a fast sweep
+        for f in (root / f"checkpoint-{n}").iterdir():
+            if f.name not in ("model.safetensors", "config.json", "trainer_state.json"):
+                f.unlink()
+    return root
+
+
+def small_deepspeed(d: Path) -> Path:
+    for step in (10, 20):
+        write_tag(d, step)
+    (d / "latest").write_text("global_step20")
+    return d
+
+
+def small_incubate(d: Path) -> Path:
+    _incubate_tree(d)
+    return d
+
+
+def promote(layout: str, serial: int):
+    return lambda fs, root: faulty_catalog(root, fs, layout).restore(serial)
+
+
+def retain(layout: str):
+    def act(fs, root):
+        cat = faulty_catalog(root, fs, layout)
+        cat.apply_retention(cat.plan_retention(keep_last=1))
+
+    return act
+
+
+FAMILIES = {  # name: (setup, layout, latest, source, target, stride)
+    "orbax": (small_orbax, "orbax", 3, 2, 4, 3),
+    "hf-trainer": (small_hf, "hf-trainer", 300, 100, 301, 2),
+    "deepspeed": (small_deepspeed, "deepspeed", 20, 10, 10, 1),
+    "paddle-incubate": (small_incubate, "paddle-incubate", 1, 0, 3, 2),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_crash_during_promote(family, tmp_path):
+    setup, layout, latest, source, target, stride = FAMILIES[family]
+    check = tree_check(layout, latest, source, target)
+    run_points(f"{family}-promote", setup, promote(layout, source), check, tmp_path, stride)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_crash_during_retention(family, tmp_path):
+    setup, layout, latest, _source, _target, stride = FAMILIES[family]
+    run_points(f"{family}-retention", setup, retain(layout), tree_check(layout, latest),
+               tmp_path, stride)  # fmt: skip
+
+
 def test_zz_report_counts():
     """Prints the injected/survived counts (run last in this module)."""
     assert RESULTS, "the crash tests did not run"
     for key, (injected, survived) in sorted(RESULTS.items()):
-        print(f"{key}: {injected} failure points injected, {survived} survived")
+        print(f"{key}: {injected} of {TOTALS[key]} failure points injected, {survived} survived")
         assert injected == survived > 0

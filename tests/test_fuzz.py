@@ -9,6 +9,7 @@ catalog calls it (``catalog.list_file``); a sample also through ``ckptview.open`
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import random
 import shutil
@@ -25,20 +26,23 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
+from conftest import CORPUS, corpus_path
 
 import ckptview as cv
 from ckptview.catalog import list_file
 from ckptview.dtypes import np_dtype
 from ckptview.io import Storage
-from ckptview.model import FileRef
-
-from conftest import CORPUS, corpus_path
 
 SEED = 20240611
-N_FLIPS = 200
-HEAD_OFFSETS = 512  # every truncation offset below this
-N_STRIDE = 48  # then this many truncation offsets spread over the rest
-CATALOG_EVERY = 12  # every n-th case also goes through ckptview.open
+#: $CKPTVIEW_FUZZ_SCALE multiplies the case counts (default: ~25 s of CPU in all; 4 gives
+#: every offset of the first 512 bytes and 240 mutations per file)
+SCALE = max(1.0, float(os.environ.get("CKPTVIEW_FUZZ_SCALE", "1")))
+N_FLIPS = int(60 * SCALE)
+EVERY_OFFSET = int(64 * SCALE)  # every truncation offset below this
+HEAD_OFFSETS = 512  # then every STEP-th offset below this
+STEP = max(1, int(8 / SCALE))
+N_STRIDE = int(16 * SCALE)  # then this many truncation offsets spread over the rest
+CATALOG_EVERY = 25  # every n-th case also goes through ckptview.open
 CASE_SECONDS = 5
 PEAK_BYTES = 64 << 20
 MAX_READS = 4  # rows read per case
@@ -53,15 +57,11 @@ TARGETS = [
     (None, "modern/hf/checkpoint-100/scheduler.pt"),  # torch zip
     (None, "modern/torch/run_legacy/step_100.pt"),  # torch legacy
     (None, "modern/npz/step_300_compressed.npz"),
-    (None, "modern/npz/step_100.npz"),
-    (None, "paddle/static_vars/seq_lod_var"),
-    (None, "paddle/selected_rows/emb_sparse_table.bin"),
-    (None, "paddle/static_combined_pir/__params__"),
+    (None, "paddle/static_vars/seq_lod_var"),  # LoDTensor stream with LoD
+    (None, "paddle/selected_rows/emb_sparse_table.bin"),  # SelectedRows
     (None, "paddle/dygraph/lowp.pdparams"),
-    (None, "paddle/dygraph/model_protocol2.pdparams"),
     (None, "modern/safetensors/sharded/model-00001-of-00002.safetensors"),
     (None, "caffe2/extra/edge_cases.minidb"),
-    (None, "caffe2/extra/single_node/temp_node.0"),
     ("modern/tf/run_ckpt", "modern/tf/run_ckpt/ckpt-300.index"),
     ("paddle/dist_ckpt", "paddle/dist_ckpt/0_0.distcp"),
     ("modern/dcp", "modern/dcp/step_1/.metadata"),
@@ -84,10 +84,12 @@ def _alarm(signum, frame):
 
 def mutations(data: bytes, rng: random.Random, n_flips: int = N_FLIPS,
               head: int = HEAD_OFFSETS, n_stride: int = N_STRIDE):  # fmt: skip
-    """(label, bytes): truncations at every offset below ``head`` and a stride beyond, then
-    seeded mutations (random bytes, huge 32/64-bit lengths, zeroed runs)."""
+    """(label, bytes): truncations at every offset below ``EVERY_OFFSET``, every ``STEP``-th
+    below ``head`` and a stride beyond, then seeded mutations (random bytes, huge 32/64-bit
+    lengths, zeroed runs)."""
     size = len(data)
-    cuts = list(range(min(head, size)))
+    cuts = list(range(min(EVERY_OFFSET, head, size)))
+    cuts += list(range(EVERY_OFFSET, min(head, size), STEP))
     if size > head:
         cuts += sorted({head + (size - head) * i // n_stride for i in range(n_stride)})
     for n in cuts:
@@ -185,6 +187,7 @@ def _fuzz_file(root: Path, target: Path, rng: random.Random, **kw) -> int:
     serial, ref = refs[0]
     fs = fsspec.filesystem("file")
     listed = 0
+    errors: list[str] = []
     for i, (label, buf) in enumerate(mutations(data, rng, **kw)):
         target.write_bytes(buf)
         label = f"{target.name}:{label}"
@@ -195,6 +198,7 @@ def _fuzz_file(root: Path, target: Path, rng: random.Random, **kw) -> int:
             res = list_file(storage, serial, dataclasses.replace(ref, size=len(buf)))
             assert res.error is None or isinstance(res.error, str)
             listed += bool(res.variables)
+            errors.append(res.error or "")
             for var in res.variables:
                 assert all(isinstance(d, int) and d >= 0 for d in var.shape), (label, var)
             if res.codec:
@@ -208,6 +212,9 @@ def _fuzz_file(root: Path, target: Path, rng: random.Random, **kw) -> int:
 
         run_case(label, case)
     target.write_bytes(data)
+    if listed == 0:  # a checksummed format refuses every mutation: it must say so
+        assert sum("crc" in e for e in errors) > len(errors) // 4
+        return -1
     return listed
 
 
@@ -215,7 +222,7 @@ def _fuzz_file(root: Path, target: Path, rng: random.Random, **kw) -> int:
 def test_fuzz_codec(tree, rel, tmp_path, harness):
     root, target = _copy(tmp_path, tree, rel)
     listed = _fuzz_file(root, target, random.Random(f"{SEED}:{rel}"))
-    assert listed > 0  # the intact prefix of the file still lists (the test is not vacuous)
+    assert listed > 0 or (listed == -1 and rel.endswith(".index"))  # not vacuous
 
 
 def test_fuzz_npy(tmp_path, harness):
@@ -231,7 +238,7 @@ def test_fuzz_layout_files(tree, rel, tmp_path, harness):
     root, target = _copy(tmp_path, tree, rel)
     data = target.read_bytes()
     rng = random.Random(f"{SEED}:{rel}")
-    for label, buf in mutations(data, rng, n_flips=40, head=48, n_stride=16):
+    for label, buf in mutations(data, rng, n_flips=N_FLIPS // 6, head=16, n_stride=N_STRIDE // 2):
         target.write_bytes(buf)
         run_case(f"{rel}:{label}", lambda label=label: _catalog_case(root, label))
 
@@ -244,8 +251,17 @@ from pathlib import Path
 root = Path({root!r})
 t.tracemalloc.start()
 t.signal.signal(t.signal.SIGALRM, t._alarm)
-n = t._fuzz_file(root, root, random.Random({seed!r}), n_flips=120, head=128, n_stride=24)
+n = t._fuzz_file(root, root, random.Random({seed!r}))
 print("listed", n)
+# a mutation that crashed libhdf5 2.0.0 (h5py 3.16) in H5Aread of a corrupt attribute
+if root.name == "w.weights.h5":
+    buf = bytearray(root.read_bytes())
+    for pos, value in ((10603, 87), (2762, 116), (201, 102), (8841, 118)):
+        buf[pos] = value
+    root.write_bytes(bytes(buf))
+    from ckptview.model import FileRef
+    t.list_file(t.Storage(t.fsspec.filesystem("file")), 0, FileRef(str(root), size=len(buf)))
+print("survived")
 """
 
 
@@ -258,7 +274,7 @@ def test_fuzz_keras(rel, tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, cwd=str(Path(__file__).parents[1]))  # fmt: skip
     assert proc.returncode == 0, f"child died ({proc.returncode}): {proc.stderr[-1500:]}"
-    assert "listed" in proc.stdout
+    assert "survived" in proc.stdout
 
 
 def test_corpus_present():

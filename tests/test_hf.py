@@ -96,13 +96,18 @@ def test_crashed_save_and_stale_tmp_dir(hf_copy):
     assert "trainer_state" in s.loc[400, "error"] and "tmp-checkpoint" in s.loc[500, "error"]
 
 
-def test_step_mismatch_is_incomplete(hf_copy):
+def test_step_mismatch_is_recorded_not_incomplete(hf_copy):
+    # get_last_checkpoint resumes from the highest checkpoint-N whatever its global_step
+    # (spec §6.3): a copy promoted to a new number keeps its global_step and is still loaded
     state = hf_copy / "checkpoint-300" / "trainer_state.json"
     data = json.loads(state.read_text())
     data["global_step"] = 299
     state.write_text(json.dumps(data))
     cat = cv.open(hf_copy)
-    assert not cat.serials.loc[300, "complete"] and cat.latest == 200
+    assert cat.serials.loc[300, "complete"] and cat.latest == 300
+    assert cat.serials.loc[300, "step"] == 299 and cat.serials.loc[300, "error"] is None
+    info = next(s for s in cat.scan.serials if s.serial == 300)
+    assert info.attrs["global_step_mismatch"] == "global_step 299 != 300"
 
 
 def test_sharded_weights_and_per_process_rng(hf_copy, tmp_path):

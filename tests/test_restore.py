@@ -16,7 +16,7 @@ from conftest import corpus_path
 
 import ckptview as cv
 from ckptview.journal import TreeLock, TreeLockedError, read_journal
-from ckptview.restore import format_tf_state, parse_tf_state
+from ckptview.layouts.tf import format_state, parse_state
 
 
 def copy_corpus(rel: str, dest: Path) -> Path:
@@ -131,9 +131,10 @@ def test_tf_promote_rewrites_state_file(tmp_path):
     assert cat.latest == 400
     result = cat.restore(300)
     assert list(result.ops["kind"]) == ["write"] and result.ops["path"].iloc[0] == "checkpoint"
-    state = parse_tf_state((root / "checkpoint").read_text())
-    assert state["model"] == "ckpt-300"
-    assert [p for p, _ in state["all"]] == ["ckpt-400", "ckpt-300"]
+    state = parse_state((root / "checkpoint").read_text())
+    assert state["model_checkpoint_path"] == ["ckpt-300"]
+    assert state["all_model_checkpoint_paths"] == ["ckpt-400", "ckpt-300"]
+    assert len(state["all_model_checkpoint_timestamps"]) == 2
     assert cv.open(root).latest == 300
     after = snapshot(root)
     assert {k: v for k, v in after.items() if k != "checkpoint"} == {
@@ -151,9 +152,12 @@ def test_tf_restore_to_other_tree(tmp_path):
 
 def test_tf_state_roundtrip():
     text = corpus_path("modern/tf/run_ckpt/checkpoint").read_text()
-    state = parse_tf_state(text)
-    assert state["model"] == "ckpt-400" and len(state["all"]) == 2
-    assert parse_tf_state(format_tf_state(state)) == state
+    state = parse_state(text)
+    assert state["model_checkpoint_path"] == ["ckpt-400"]
+    assert len(state["all_model_checkpoint_paths"]) == 2
+    assert parse_state(format_state(state)) == state
+    odd = {"model_checkpoint_path": ['a "quoted" \\ path'], "all_model_checkpoint_paths": []}
+    assert parse_state(format_state(odd)) == {"model_checkpoint_path": odd["model_checkpoint_path"]}
 
 
 def test_orbax_promote_and_export_are_staged(tmp_path):

@@ -14,7 +14,9 @@ APP_NAME = "ckptview_app"
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve the dashboard for one or more checkpoint trees")
-    p.add_argument("urls", nargs="+", metavar="URL", help="checkpoint trees (the only roots served)")
+    p.add_argument(
+        "urls", nargs="+", metavar="URL", help="checkpoint trees (the only roots served)"
+    )
     p.add_argument("--port", type=int, default=5006, help="port (default 5006; 0 picks a free one)")
     p.add_argument("--address", help="address to listen on (default: all interfaces)")
     p.add_argument("--allow-write", action="store_true", help="enable restore/retention actions")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..model import SerialInfo, TreeScan
@@ -33,6 +34,11 @@ class Layout:
     #: a staging suffix: copies go to ``<dir><suffix>`` and are renamed into place (Orbax,
     #: Paddle incubate); None: files are copied directly, commit markers last
     staging_suffix: ClassVar[str | None] = None
+
+    def staging_for(self, tree: Tree) -> str | None:
+        """The staging suffix to use in ``tree`` (default ``staging_suffix``; a layout whose
+        framework cannot rename atomically on some stores returns None there)."""
+        return self.staging_suffix
 
     def serial_files(self, tree: Tree, info: SerialInfo) -> list[str]:
         """Relative paths of every file of a serial: data, markers, per-serial state."""
@@ -70,13 +76,13 @@ class Layout:
         staging: str | None = None,
     ) -> list[Op]:
         """Copy a serial (renumbered ``new`` when given), commit markers last; a directory
-        serial goes through ``<dir><staging>`` (default ``staging_suffix``) when set."""
-        staging = staging or self.staging_suffix
+        serial goes through ``<dir><staging>`` (default ``staging_for(tree)``; "" for none)."""
+        staging = self.staging_for(tree) if staging is None else staging
         files = self.serial_files(tree, info)
         markers = [m for m in self.commit_markers(tree, info) if m in files]
         dest = (lambda r: self.relocate(tree, info, r, new)) if new is not None else (lambda r: r)
         base = _serial_rel(tree, info)
-        staged = staging and base and tree.is_dir(base)
+        staged = bool(staging and base and tree.is_dir(base))
         final_dir = dest(base) if staged else ""
 
         def target(rel: str) -> str:
@@ -103,6 +109,11 @@ class Layout:
     def next_serial(self, tree: Tree, scan: TreeScan) -> int:
         return max((s.serial for s in scan.serials), default=-1) + 1
 
+    def promoted_serial(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> int:
+        """The serial number ``info`` has once ``promote_ops`` ran (default: the next one;
+        layouts that only move a pointer return ``info.serial``)."""
+        return self.next_serial(tree, scan)
+
     def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
         """Make the framework resume from ``info`` in place; default: copy it as the next
         serial with fresh commit markers written last."""
@@ -111,7 +122,8 @@ class Layout:
     def delete_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
         """Delete a serial: commit markers first, in reverse of their write order (a
         half-deleted serial never looks complete), then its files, then its emptied
-        directories, deepest first."""
+        directories, deepest first. With a ``staging_suffix`` a committed directory is first
+        renamed to its staging name (the framework then ignores it: the rename is undone)."""
         files = self.serial_files(tree, info)
         markers = [m for m in self.commit_markers(tree, info) if m in files]
         ops = [Op("delete", r, nbytes=tree.size(r), note="marker") for r in reversed(markers)]
@@ -120,6 +132,13 @@ class Layout:
         if base and tree.is_dir(base):
             dirs = [base, *tree.dirs(under=base, depth=None)]
             ops += [Op("rmdir", d) for d in sorted(dirs, key=lambda d: -d.count("/"))]
+            suffix = self.staging_for(tree)
+            if suffix and not base.endswith(suffix):
+                gone = base + suffix
+                if tree.exists(gone):  # a leftover staging dir of the same serial
+                    gone += f"-{time.time_ns() // 1000}"
+                ops = [Op("rename", gone, src=base, note="uncommit"),
+                       *(_moved(o, base, gone) for o in ops)]  # fmt: skip
         return ops
 
 
@@ -150,6 +169,19 @@ class Op:
     atomic: bool = True  # copy/write: via a temp file under .ckptview/tmp, then a rename
     replace: bool = False  # write: may replace an existing file (state files: atomic rename)
     note: str = ""
+
+
+def single_serial_refusal(layout: str) -> ValueError:
+    """The error for an in-place promote in a one-serial layout (it is the latest already)."""
+    return ValueError(f"a {layout} tree holds one serial, the one it resumes from; "
+                      "use restore(serial, to=URL) to copy it elsewhere")  # fmt: skip
+
+
+def _moved(op: Op, old: str, new: str) -> Op:
+    """``op`` with its path under directory ``old`` moved under ``new``."""
+    if op.path == old or op.path.startswith(old + "/"):
+        op = replace(op, path=new + op.path[len(old) :])
+    return op
 
 
 def _serial_rel(tree: Tree, info: SerialInfo) -> str:

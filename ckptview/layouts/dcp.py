@@ -93,3 +93,9 @@ class DCPLayout(Layout):
         else:
             info.complete = True
         return info
+
+    # -- management: defaults (copy as max+1), with the metadata written last
+    def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """``.metadata`` (or every rank's ``__<rank>.metadata``): DCP writes it after the data."""
+        files = self.serial_files(tree, info)
+        return [f for f in files if posixpath.basename(f).endswith(".metadata")]

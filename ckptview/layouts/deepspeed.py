@@ -17,7 +17,7 @@ import re
 
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, trailing_int
+from .base import Layout, Op, trailing_int
 
 MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 ZERO = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
@@ -114,3 +114,29 @@ class DeepSpeedLayout(Layout):
                 scan.latest = trailing_int(tag)
                 scan.attrs["latest_tag_missing"] = True
         return scan
+
+    # -- management: ``latest`` is the pointer (rank 0 writes it after every rank saved)
+    def _pointer(self, tree: Tree, info: SerialInfo, pointer: str | None = None) -> Op:
+        name = pointer or next((p for p in POINTERS if tree.exists(p)), POINTERS[0])
+        tag = posixpath.basename(tree.rel(info.path))
+        return Op("write", name, data=tag.encode(), nbytes=len(tag), replace=True, note="state")
+
+    def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """The model states files: a tag without them is incomplete (copied last, deleted
+        first)."""
+
+        def model(name: str) -> bool:
+            return bool(MODEL.match(name) or ((m := ZERO.match(name)) and m[3] == "model"))
+
+        return [f for f in self.serial_files(tree, info) if model(posixpath.basename(f))]
+
+    def promoted_serial(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> int:
+        return info.serial
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Rewrite ``latest`` (tmp + rename) to name the tag."""
+        return [self._pointer(tree, info)]
+
+    def export_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """The tag dir's files, then ``latest`` naming it."""
+        return [*self.copy_ops(tree, info), self._pointer(tree, info, POINTERS[0])]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, single_serial_refusal
 
 #: files that never hold variables
 SKIP_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".lock", ".log", ".csv", ".py", ".sh")
@@ -37,3 +37,6 @@ class FilesLayout(Layout):
         others = [tree.abs(f) for f in tree.files() if f not in files]
         serial = SerialInfo(0, tree.abs(tree.single or ""), files=refs, other_files=others)
         return TreeScan([serial])
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list:
+        raise single_serial_refusal(self.name)

@@ -1,9 +1,10 @@
 """Hugging Face: Trainer output dirs (``checkpoint-N/``) and bare sharded model dirs.
 
 Trainer rules (specs/modern.md §6): ``checkpoint-N`` is complete when its
-``trainer_state.json`` parses and records ``global_step == N`` (written last, no tmp/rename);
-the Trainer resumes from ``get_last_checkpoint`` = the largest N among ``checkpoint-N`` dirs,
-whatever they hold. ``log_history`` gives the metrics (serial = step), ``best_model_checkpoint``
+``trainer_state.json`` (written last, no tmp/rename) exists and parses; a ``global_step`` other
+than N (a copy promoted to a new number, a hand-renamed dir) is recorded in the serial's
+``attrs["global_step_mismatch"]`` but does not stop the Trainer, which resumes from
+``get_last_checkpoint`` = the largest N among ``checkpoint-N`` dirs, whatever they hold. ``log_history`` gives the metrics (serial = step), ``best_model_checkpoint``
 and ``best_metric`` go to ``TreeScan.attrs``; ``training_args.bin`` fields (read through the
 restricted unpickler, transformers not needed) go to ``TreeScan.attrs["training_args"]``.
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, single_serial_refusal
 
 CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
 TMP_DIR = re.compile(r"^tmp-checkpoint-(\d+)$")
@@ -193,9 +194,9 @@ class HFTrainerLayout(Layout):
             if isinstance(epoch, (int, float)) and math.isfinite(epoch):
                 info.epoch = int(math.floor(epoch))
                 info.attrs["epoch"] = float(epoch)
-            info.complete = step == n and not staged
+            info.complete = not staged
             if step != n:
-                info.error = f"trainer_state.json global_step {step} != {n}"
+                info.attrs["global_step_mismatch"] = f"global_step {step} != {n}"
         if staged:
             info.complete = False
             info.error = "tmp-checkpoint dir: a staged save that was never renamed"
@@ -213,13 +214,16 @@ class HFTrainerLayout(Layout):
         step = state.get("global_step") if isinstance(state, dict) else None
         n = int(m[1]) if m else step if isinstance(step, int) else 0
         info, state = self._serial(tree, n, "")
-        if not m and isinstance(step, int) and info.error and "!=" in info.error:
-            info.complete, info.error = True, None  # a renamed dir: no N to compare with
         states = {n: state} if state is not None else {}
         scan = TreeScan([info], latest=n if info.complete else None, latest_rule=True)
         scan.metrics = log_metrics(states)
         scan.attrs = tree_attrs(tree, states, {n: ""}, [info])
         return scan
+
+    # -- management: copy as checkpoint-(max+1), trainer_state.json (the commit) last
+    def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
+        files = self.serial_files(tree, info)
+        return [f for f in files if posixpath.basename(f) == "trainer_state.json"]
 
 
 def _has(refs: list[FileRef], prefix: str) -> bool:
@@ -275,7 +279,7 @@ def training_args(tree: Tree, rel: str) -> dict | None:
     if not tree.exists(rel):
         return None
     try:
-        obj = load_torch_pickle(tree.blob(rel))
+        obj = tree.memo(rel, "torch-pickle", lambda: load_torch_pickle(tree.blob(rel)))
         fields = obj.fields() if hasattr(obj, "fields") else obj
     except Exception:  # noqa: BLE001 - optional extra: a bad file only loses the attrs
         return None
@@ -328,3 +332,6 @@ class SafetensorsShardedLayout(Layout):
         others = [tree.abs(f) for f in tree.files(depth=1) if f not in paths]
         info = SerialInfo(0, tree.abs(""), files=refs, other_files=others)
         return TreeScan([info], attrs={"metadata": meta} if meta else {})
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list:
+        raise single_serial_refusal(self.name)

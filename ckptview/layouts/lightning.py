@@ -28,7 +28,7 @@ from ..io import Blob
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
 from ..unpickle import Record, StorageRef, TensorRef, Unpickler, torch_persistent_load
-from .base import Layout
+from .base import Layout, Op
 
 LAST = re.compile(r"^last(?:-v(\d+))?\.ckpt$")
 STEP = re.compile(r"(?<![A-Za-z0-9_])step=(\d+)")
@@ -241,6 +241,46 @@ class LightningLayout(Layout):
                     scan.attrs["hparams"] = hp
         csv_keys = {(s, n) for s, n, _ in rows}
         scan.metrics = [m for m in scan.metrics if (m[0], m[1]) not in csv_keys] + rows
+
+    # -- management: files are atomic; ``last*.ckpt`` (newest mtime) is Lightning's resume point
+    def serial_files(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """The serial's file and its duplicates (``-vN`` re-saves); aliases are not copied."""
+        return [tree.rel(p) for p in (info.path, *info.other_files)]
+
+    def _lasts(self, tree: Tree) -> list[str]:
+        return [f for f in self._ckpts(tree) if LAST.match(posixpath.basename(f))]
+
+    def promoted_serial(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> int:
+        return info.serial if self._lasts(tree) else self.next_serial(tree, scan)
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Without ``last*.ckpt``: copy the file as the next serial's (``step=`` renumbered).
+        With one: ``ckpt_path="last"`` resumes from the newest ``last*`` by mtime, so the file
+        is copied to a new ``last-vK.ckpt`` beside it (``last.ckpt`` itself is never touched)."""
+        rel = tree.rel(info.path)
+        lasts = self._lasts(tree)
+        if lasts:
+            folder = posixpath.dirname(max(lasts, key=lambda r: tree.info(r).get("mtime") or 0))
+            k = 1 + max((int(m[1] or 0) for r in lasts if (m := LAST.match(posixpath.basename(r)))
+                         and posixpath.dirname(r) == folder), default=0)  # fmt: skip
+            dest = posixpath.join(folder, f"last-v{k}.ckpt")
+        else:
+            new = self.next_serial(tree, scan)
+            folder, name = posixpath.split(rel)
+            if STEP.search(name):
+                name = STEP.sub(f"step={new}", name)
+            else:
+                epoch = f"epoch={info.epoch}-" if info.epoch is not None else ""
+                name = f"{epoch}step={new}.ckpt"
+            dest = posixpath.join(folder, name)
+        return [Op("copy", dest, src=tree.abs(rel), nbytes=tree.size(rel))]
+
+    def delete_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """The serial's files and any older ``last-vN`` alias of it."""
+        aliases = [tree.rel(p) for p in info.aliases]
+        return super().delete_ops(tree, scan, info) + [
+            Op("delete", a, nbytes=tree.size(a)) for a in aliases
+        ]
 
 
 def _name_step(name: str) -> int | None:

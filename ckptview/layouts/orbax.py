@@ -33,6 +33,9 @@ class OrbaxLayout(Layout):
 
     name = "orbax"
     priority = 30
+    #: ``AtomicRenameTemporaryPath``: a step is written to ``<step>.orbax-checkpoint-tmp`` and
+    #: renamed (the commit); deletion renames it back first, so Orbax ignores a half-deleted step
+    staging_suffix = ".orbax-checkpoint-tmp"
 
     def guess_can_open(self, tree: Tree) -> bool:
         return bool(self._step_dirs(tree))
@@ -151,16 +154,32 @@ class OrbaxLayout(Layout):
             return
         info.other_files += [tree.abs(f) for f in files]
 
+    # -- management: copies are staged and renamed; commit_success.txt files written last
+    def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """The ``commit_success.txt`` files (step and items): current Orbax writes them on
+        every filesystem, and on gs:// (``CommitFileTemporaryPath``) they are the commit."""
+        files = self.serial_files(tree, info)
+        return [f for f in files if f.rsplit("/", 1)[-1] == COMMIT_FILE]
+
+    def staging_for(self, tree: Tree) -> str | None:
+        """No staging on gs:// (no atomic rename: ``CommitFileTemporaryPath``): the final dir
+        is written directly, ``commit_success.txt`` last, and deleted first."""
+        return None if _on_gcs(tree) else self.staging_suffix
+
     def _committed(self, tree: Tree, prefix: str, tmp: bool, meta: dict) -> bool:
         if tmp:
             return False
         if tree.exists(prefix + COMMIT_FILE):
             return True
-        protocols = tree.storage.fs.protocol
-        protocols = protocols if isinstance(protocols, tuple) else (protocols,)
-        if {"gs", "gcs"} & set(protocols):
+        if _on_gcs(tree):
             return False  # CommitFileTemporaryPath: the commit file is the commit
         return not (meta and meta.get("commit_timestamp_nsecs", 0) is None)
+
+
+def _on_gcs(tree: Tree) -> bool:
+    protocols = tree.storage.fs.protocol
+    protocols = protocols if isinstance(protocols, tuple) else (protocols,)
+    return bool({"gs", "gcs"} & set(protocols))
 
 
 def _children_index(tree: Tree) -> dict[str, set[str]]:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+import time
 from datetime import datetime, timezone
 
 from ..codecs.paddle import paddle_kind
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, single_serial_refusal
 
 SUCCESS = "_SUCCESS"
 MODEL_DIR = "__model__"
@@ -168,6 +169,19 @@ class PaddleFluidLayout(Layout):
             return None
         return ctime_stamp(tree.read_text(marker, limit=4096))
 
+    # -- management: a promoted serial is copied as max+1, its _SUCCESS files written last
+    def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """Every ``_SUCCESS``; the one that commits the serial (``__model__/_SUCCESS``, or the
+        flat 2018 ``checkpoint_N/_SUCCESS``) last, as ``save_checkpoint`` writes them."""
+        base = tree.rel(info.path)
+        final = {f"{base}/{MODEL_DIR}/{SUCCESS}", f"{base}/{SUCCESS}"}
+        found = [f for f in self.serial_files(tree, info) if posixpath.basename(f) == SUCCESS]
+        return sorted(found, key=lambda f: (f in final, f))
+
+    def marker_data(self, tree: Tree, info: SerialInfo, rel: str) -> bytes | None:
+        """What ``_write_success`` records: ``time.ctime()``, no newline (spec §4)."""
+        return time.ctime().encode()
+
 
 def _var_ref(tree: Tree, rel: str, var_dir: str) -> FileRef:
     """A per-variable stream file; its variable is named by its path below ``var_dir``."""
@@ -190,6 +204,9 @@ class PaddleIncubateLayout(Layout):
 
     name = "paddle-incubate"
     priority = 20
+    #: ``save_checkpoint`` writes ``__paddle_checkpoint__.N.tmp`` and renames it (the commit);
+    #: deletion renames a committed dir back first, so a half-deleted one is never listed
+    staging_suffix = ".tmp"
 
     def _dirs(self, tree: Tree) -> dict[int, tuple[str, bool]]:
         out: dict[int, tuple[str, bool]] = {}
@@ -249,6 +266,11 @@ OTHER_SUFFIXES = (
     ".md", ".txt", ".yaml", ".yml", ".log", ".lock", ".csv", ".py", ".sh", ".info", ".json",
     ".pdmodel", ".nb", ".onnx", ".pbtxt", ".cfg", ".ini", ".tar", ".gz", ".zip",
 )  # fmt: skip
+#: files of other frameworks' formats (by name): never forced through the Paddle stream codec
+FOREIGN_SUFFIXES = (
+    ".safetensors", ".npy", ".npz", ".pt", ".pth", ".ckpt", ".minidb", ".h5", ".hdf5",
+    ".keras", ".index", ".distcp", ".metadata", ".msgpack", ".pkl", ".pickle",
+)  # fmt: skip
 _PARAM_NAME = re.compile(r"^[A-Za-z_][\w]*_\d+\.(w|b)_\d+$")
 
 
@@ -279,12 +301,13 @@ class PaddleStaticLayout(Layout):
         programs = [f for f in rels if _is_program(tree, f)]
         combined = [f for f in rels if _is_combined(f)]
         pickles = [f for f in rels if f.lower().endswith(PICKLE_SUFFIXES)]
+        foreign = [f for f in rels if f.lower().endswith(FOREIGN_SUFFIXES)]
         per_var = [
             f for f in rels
             if f not in programs and f not in combined and f not in pickles
-            and not f.lower().endswith(OTHER_SUFFIXES)
+            and f not in foreign and not f.lower().endswith(OTHER_SUFFIXES)
         ]  # fmt: skip
-        mixed = bool(per_var) and bool(combined or pickles)
+        mixed = bool(per_var) and bool(combined or pickles) or bool(foreign)
         files = []
         for f in combined:
             program = _program_for(tree, f, programs)
@@ -297,12 +320,17 @@ class PaddleStaticLayout(Layout):
             ref = FileRef(tree.abs(f), prefix=f if mixed else "", size=tree.size(f), hints=hints)
             files.append(ref)
         files += [_var_ref(tree, f, "") for f in per_var]
+        # another format beside the model: detected by content, never forced to Paddle
+        files += [FileRef(tree.abs(f), prefix=f, size=tree.size(f), optional=True) for f in foreign]
         used = {ref.path for ref in files}
         others = [tree.abs(f) for f in rels if tree.abs(f) not in used]
         root = tree.abs(tree.single or "")
         serial = SerialInfo(0, root, files, others, nodes=())
         attrs = {"programs": [tree.abs(p) for p in programs]}
         return TreeScan([serial], 0, latest_rule=True, attrs=attrs)
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list:
+        raise single_serial_refusal(self.name)
 
 
 def _is_program(tree: Tree, rel: str) -> bool:

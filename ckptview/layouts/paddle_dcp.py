@@ -8,13 +8,15 @@ takes the largest id; an incomplete one could not be loaded).
 
 from __future__ import annotations
 
+import pickletools
 import posixpath
 import re
+import struct
 
 from ..codecs.paddle_dcp import DcpMetadata, metadata_hints, read_metadata
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, Op
 
 SHARD = re.compile(r"^(\d+)_(\d+)\.(distcp|safetensors)$")
 METADATA = re.compile(r"^(\d+)\.metadata$")
@@ -74,3 +76,51 @@ class PaddleDcpLayout(Layout):
             others.append(tree.abs(lock))
         return SerialInfo(uid, tree.root, files, others, complete=meta is not None and not error,
                           error=error, nodes=tuple(f.node for f in files))  # fmt: skip
+
+    # -- management: promote = copy the shards as id max+1, then its metadata (renamed refs)
+    def serial_files(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """Shards and ``{id}.metadata`` (not the ``.metadata.lock`` a save leaves behind)."""
+        return [f for f in super().serial_files(tree, info) if not f.endswith(".lock")]
+
+    def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
+        return [f for f in self.serial_files(tree, info) if METADATA.match(posixpath.basename(f))]
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Shards copied as ``{rank}_{new}.distcp``, then ``{new}.metadata`` whose
+        ``storage_metadata`` names the new files (the metadata written last commits)."""
+        new = self.next_serial(tree, scan)
+        ops = self.copy_ops(tree, info, new)
+        names = {posixpath.basename(o.src): posixpath.basename(o.path) for o in ops if o.src}
+        for i, op in enumerate(ops):
+            if op.note == "marker":
+                data = rename_strings(tree.storage.fs.cat_file(op.src), names)
+                ops[i] = Op("write", op.path, data=data, nbytes=len(data), note="marker")
+        return ops
+
+    def delete_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        ops = super().delete_ops(tree, scan, info)
+        lock = f"{info.serial}.metadata.lock"
+        return ops + ([Op("delete", lock, nbytes=tree.size(lock))] if tree.exists(lock) else [])
+
+
+_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
+
+
+def rename_strings(data: bytes, names: dict[str, str]) -> bytes:
+    """A pickle with every string equal to a key of ``names`` replaced by its value.
+
+    The opcodes are only parsed (pickletools), never run; string opcodes are re-encoded (BINUNICODE)
+    with their new length and FRAME opcodes dropped (frames are optional in protocol 4).
+    """
+    ops = list(pickletools.genops(data))
+    out = bytearray()
+    for i, (op, arg, pos) in enumerate(ops):
+        end = ops[i + 1][2] if i + 1 < len(ops) else len(data)
+        if op.name == "FRAME":
+            continue
+        if op.name in _STRINGS and arg in names:
+            raw = names[arg].encode("utf-8")
+            out += b"X" + struct.pack("<I", len(raw)) + raw  # BINUNICODE: any protocol >= 1
+            continue
+        out += data[pos:end]
+    return bytes(out)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import posixpath
 import re
+import time
 from datetime import datetime, timezone
 
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, Op
 
 _DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5,})-of-(?P<count>\d{5,})$")
 _TEMP = re.compile(r"^(?P<prefix>.+?)\.(index|data-\d+-of-\d+).*tempstate.*$")
@@ -42,6 +43,20 @@ def parse_state(text: str) -> dict[str, list]:
                 continue
         out.setdefault(key, []).append(value)
     return out
+
+
+def format_state(state: dict[str, list]) -> str:
+    """``parse_state``'s inverse: the text a ``CheckpointState`` proto prints as."""
+
+    def quote(v: str) -> str:
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+    lines = []
+    for key in ("model_checkpoint_path", "all_model_checkpoint_paths"):
+        lines += [f"{key}: {quote(v)}" for v in state.get(key, [])]
+    for key in ("all_model_checkpoint_timestamps", "last_preserved_timestamp"):
+        lines += [f"{key}: {float(v)!r}" for v in state.get(key, [])]
+    return "\n".join(lines) + "\n"
 
 
 def _unescape(s: str) -> str:
@@ -181,6 +196,57 @@ class TFLayout(Layout):
             attrs={"prefixes": names, "tracked": any(n in tracked for n in names)},
         )
 
+    # -- management: the ``checkpoint`` state file is the pointer; bundles stay where they are
+    def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """The ``.index`` files (``BundleWriter`` writes the index after the data)."""
+        return [f for f in self.serial_files(tree, info) if f.endswith(".index")]
+
+    def _prefix(self, tree: Tree, info: SerialInfo) -> str:
+        index = self.commit_markers(tree, info)
+        if not index:
+            raise ValueError(f"serial {info.serial} has no .index file")
+        return index[0][: -len(".index")]
+
+    def promoted_serial(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> int:
+        return info.serial
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Rewrite the state file (tmp + rename) to name the serial, moved to the end of
+        ``all_model_checkpoint_paths`` with the current time, as ``CheckpointManager`` does."""
+        prefix = self._prefix(tree, info)
+        state = _without(_read_state(tree), posixpath.basename(prefix))
+        state["model_checkpoint_path"] = [prefix]
+        state["all_model_checkpoint_paths"].append(prefix)
+        if (
+            state["all_model_checkpoint_timestamps"]
+            or len(state["all_model_checkpoint_paths"]) == 1
+        ):
+            state["all_model_checkpoint_timestamps"].append(time.time())
+        return [_state_op(state)]
+
+    def export_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """The bundle's files (index last), then a fresh state file naming it."""
+        ops = self.copy_ops(tree, info)
+        prefix = self._prefix(tree, info)
+        if "/" not in prefix:  # a SavedModel's variables/ bundle has no state file
+            ops.append(_state_op({"model_checkpoint_path": [prefix],
+                                  "all_model_checkpoint_paths": [prefix],
+                                  "all_model_checkpoint_timestamps": [time.time()]}))  # fmt: skip
+        return ops
+
+    def delete_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Drop the serial from the state file first, then its index, then its data."""
+        ops = super().delete_ops(tree, scan, info)
+        state = _read_state(tree)
+        if state:
+            name = posixpath.basename(self._prefix(tree, info))
+            kept = _without(state, name)
+            pointer = kept.get("model_checkpoint_path", [""])[-1]
+            if posixpath.basename(str(pointer)) == name:
+                kept["model_checkpoint_path"] = kept["all_model_checkpoint_paths"][-1:]
+            ops.insert(0, _state_op(kept))
+        return ops
+
     def _latest(self, serials: list[SerialInfo], by_serial, pointer: str) -> int | None:
         """The state file's ``model_checkpoint_path`` when it is all there; else the newest
         complete serial (TF would fail to restore a missing pointer)."""
@@ -189,6 +255,25 @@ class TFLayout(Layout):
                 return s.serial
         done = [s.serial for s in serials if all(p.complete for p in by_serial[s.serial])]
         return max(done) if done else None
+
+
+def _state_op(state: dict[str, list]) -> Op:
+    data = format_state(state).encode()
+    return Op("write", STATE_FILE, data=data, nbytes=len(data), replace=True, note="state")
+
+
+def _without(state: dict[str, list], name: str) -> dict[str, list]:
+    """``state`` with bundle ``name`` dropped from the managed list (and its timestamp)."""
+    paths = state.get("all_model_checkpoint_paths", [])
+    stamps = state.get("all_model_checkpoint_timestamps", [])
+    pairs = list(zip(paths, stamps if len(stamps) == len(paths) else [None] * len(paths)))
+    pairs = [(p, t) for p, t in pairs if posixpath.basename(str(p)) != name]
+    out = dict(state)
+    out["all_model_checkpoint_paths"] = [p for p, _ in pairs]
+    out["all_model_checkpoint_timestamps"] = [t for _, t in pairs if t is not None]
+    if len(out["all_model_checkpoint_timestamps"]) != len(pairs):
+        out["all_model_checkpoint_timestamps"] = []
+    return out
 
 
 def _read_state(tree: Tree) -> dict[str, list]:

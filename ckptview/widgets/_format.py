@@ -100,6 +100,19 @@ def metrics_wide(cat) -> pd.DataFrame:
     return m.pivot_table(index="serial", columns="name", values="value", aggfunc="last")
 
 
+SERIAL_VIEW_COLUMNS = {"serial", "status", "size", "nbytes", "time", "epoch", "step", "files",
+                       "variables", "nodes", "error"}  # fmt: skip
+MAX_METRIC_COLUMNS = 6
+
+
+def shown_metrics(names) -> list:
+    """At most :data:`MAX_METRIC_COLUMNS` metric names, loss/accuracy-like ones first."""
+    names = list(names)
+    key = ("loss", "acc", "score", "metric", "eval", "val")
+    ranked = sorted(names, key=lambda n: (not any(k in str(n).lower() for k in key), str(n)))
+    return ranked[:MAX_METRIC_COLUMNS]
+
+
 def serials_frame(cat) -> pd.DataFrame:
     """``cat.serials`` for the serials table: status, human size, time, epoch, step, metrics."""
     df = cat.serials
@@ -114,8 +127,11 @@ def serials_frame(cat) -> pd.DataFrame:
     out["files"] = df["n_files"].astype("int64")
     out["variables"] = df["n_variables"].astype("int64")
     out["nodes"] = [", ".join(n) for n in df["nodes"]]
-    for name, col in metrics_wide(cat).items():
-        out[str(name)] = [fmt_number(col.get(s)) for s in out.index]
+    wide = metrics_wide(cat)
+    for name in shown_metrics(wide.columns):
+        col = wide[name]
+        label = str(name) if str(name) not in SERIAL_VIEW_COLUMNS else f"{name} (metric)"
+        out[label] = [fmt_number(col.get(s)) for s in out.index]
     out["error"] = [_text(e) for e in df["error"]]
     out.index.name = "serial"
     return out.reset_index().astype(object)

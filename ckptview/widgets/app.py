@@ -89,7 +89,7 @@ class Dashboard(pn.viewable.Viewer):
         return [
             notice(mode, kind="warning" if self.workspace.allow_write else "info",
                           css_classes=["ckptview-mode"]),
-            pn.widgets.RadioBoxGroup.from_param(self.param.run, name="run",
+            pn.widgets.RadioBoxGroup.from_param(self.param.run, label="run",
                                                 css_classes=["ckptview-run-select"]),
             pn.pane.Markdown("#### Open another tree"),
             self.picker,

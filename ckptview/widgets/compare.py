@@ -57,7 +57,7 @@ class CompareView(pn.viewable.Viewer):
         super().__init__(**params)
         self.diff: pd.DataFrame | None = None
         self._shown = pd.DataFrame(columns=SHOWN)
-        self.button = pn.widgets.Button(name="Compare", button_type="primary",
+        self.button = pn.widgets.Button(label="Compare", color="primary",
                                         css_classes=["ckptview-compare-button"])  # fmt: skip
         self.button.on_click(self._on_compare)
         self.heading = pn.pane.Markdown("*Pick A and B, then Compare.*",
@@ -66,7 +66,6 @@ class CompareView(pn.viewable.Viewer):
         self.table = table(
             pd.DataFrame(columns=SHOWN), pagination="remote", page_size=20, selectable=1,
             formatters={"status": {"type": "html"}}, css_classes=["ckptview-diff"],
-            name="diff",
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         self.plots = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-diff-plots"])
@@ -205,14 +204,14 @@ class CompareView(pn.viewable.Viewer):
 
     def __panel__(self):
         pickers = pn.Row(
-            pn.widgets.Select.from_param(self.param.run_a, name="A: run", width=170),
-            pn.widgets.Select.from_param(self.param.serial_a, name="A: serial", width=110,
+            pn.widgets.Select.from_param(self.param.run_a, label="A: run", width=170),
+            pn.widgets.Select.from_param(self.param.serial_a, label="A: serial", width=110,
                                          css_classes=["ckptview-serial-a"]),
-            pn.widgets.Select.from_param(self.param.run_b, name="B: run", width=170),
-            pn.widgets.Select.from_param(self.param.serial_b, name="B: serial", width=110,
+            pn.widgets.Select.from_param(self.param.run_b, label="B: run", width=170),
+            pn.widgets.Select.from_param(self.param.serial_b, label="B: serial", width=110,
                                          css_classes=["ckptview-serial-b"]),
             self.button,
-            pn.widgets.Checkbox.from_param(self.param.hide_identical, name="hide identical"),
+            pn.widgets.Checkbox.from_param(self.param.hide_identical, label="hide identical"),
             align="end",
         )  # fmt: skip
         return pn.Column(pickers, self.body, sizing_mode="stretch_width")

@@ -40,7 +40,7 @@ class VariableDetail(pn.viewable.Viewer):
         self.info = pn.pane.Markdown("*Click a variable to see it here.*",
                                      css_classes=["ckptview-detail-info"],
                                      sizing_mode="stretch_width")  # fmt: skip
-        self.button = pn.widgets.Button(name="Statistics and histogram", button_type="primary",
+        self.button = pn.widgets.Button(label="Statistics and histogram", color="primary",
                                         disabled=True, css_classes=["ckptview-stats-button"])  # fmt: skip
         self.button.on_click(self._on_compute)
         self.stats = table(pd.DataFrame(columns=["statistic", "value"]),

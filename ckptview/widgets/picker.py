@@ -19,7 +19,7 @@ class TreePicker(pn.viewable.Viewer):
     def __init__(self, workspace=None, **params):
         self.workspace: Workspace = as_workspace(workspace if workspace is not None else [])
         super().__init__(**params)
-        self.button = pn.widgets.Button(name="Open", button_type="primary",
+        self.button = pn.widgets.Button(label="Open", color="primary",
                                         css_classes=["ckptview-open"])  # fmt: skip
         self.button.on_click(self._on_open)
         self.message = pn.pane.Markdown(css_classes=["ckptview-picker-message"],
@@ -57,12 +57,12 @@ class TreePicker(pn.viewable.Viewer):
 
     def __panel__(self):
         return pn.Column(
-            pn.widgets.TextInput.from_param(self.param.url, name="tree URL",
+            pn.widgets.TextInput.from_param(self.param.url, label="tree URL",
                                             placeholder="s3://bucket/run or /path/to/run",
                                             css_classes=["ckptview-url"],
                                             sizing_mode="stretch_width"),
             pn.widgets.TextInput.from_param(self.param.storage_options,
-                                            name="storage options (JSON)",
+                                            label="storage options (JSON)",
                                             placeholder='{"anon": true}',
                                             sizing_mode="stretch_width"),
             self.button, self.message, self.runs, sizing_mode="stretch_width",

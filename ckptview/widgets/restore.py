@@ -27,10 +27,10 @@ class RestoreView(pn.viewable.Viewer):
         self.message = notice("Choose a serial and press **Plan**.", kind="info",
                                      css_classes=["ckptview-restore-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
-        self.plan_button = pn.widgets.Button(name="Plan (dry run)", button_type="primary",
+        self.plan_button = pn.widgets.Button(label="Plan (dry run)", color="primary",
                                              css_classes=["ckptview-restore-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
-        self.confirm = pn.widgets.Button(name="Restore", button_type="danger", visible=False,
+        self.confirm = pn.widgets.Button(label="Restore", color="danger", visible=False,
                                          css_classes=["ckptview-restore-confirm"])  # fmt: skip
         self.confirm.on_click(self._on_confirm)
         self.ops = table(pd.DataFrame(columns=["kind", "path", "size", "note"]),
@@ -93,7 +93,7 @@ class RestoreView(pn.viewable.Viewer):
             text += "\n\nThis dashboard is **read-only**: restoring is not offered."
         set_notice(self.message, text, "info")
         can = self.workspace.allow_write and len(ops) > 0
-        self.confirm.name = f"Restore serial {result.serial}"
+        self.confirm.label = f"Restore serial {result.serial}"
         self.confirm.visible = can
 
     async def _on_plan(self, event=None) -> None:
@@ -126,12 +126,12 @@ class RestoreView(pn.viewable.Viewer):
 
     def __panel__(self):
         form = pn.Row(
-            pn.widgets.Select.from_param(self.param.run, name="run", width=170),
-            pn.widgets.Select.from_param(self.param.serial, name="serial", width=110,
+            pn.widgets.Select.from_param(self.param.run, label="run", width=170),
+            pn.widgets.Select.from_param(self.param.serial, label="serial", width=110,
                                          css_classes=["ckptview-restore-serial"]),
-            pn.widgets.RadioButtonGroup.from_param(self.param.mode, name="mode",
+            pn.widgets.RadioButtonGroup.from_param(self.param.mode, label="mode",
                                                    css_classes=["ckptview-restore-mode"]),
-            pn.widgets.TextInput.from_param(self.param.destination, name="destination URL",
+            pn.widgets.TextInput.from_param(self.param.destination, label="destination URL",
                                             width=320, placeholder="/path/to/new/tree",
                                             css_classes=["ckptview-restore-dest"]),
             self.plan_button, align="end",

@@ -49,21 +49,21 @@ class RetentionView(pn.viewable.Viewer):
         self.message = notice("Set a policy and press **Plan**.", kind="info",
                                      css_classes=["ckptview-retention-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
-        self.plan_button = pn.widgets.Button(name="Plan", button_type="primary",
+        self.plan_button = pn.widgets.Button(label="Plan", color="primary",
                                              css_classes=["ckptview-retention-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
-        self.save_button = pn.widgets.Button(name="Save policy with the tree",
+        self.save_button = pn.widgets.Button(label="Save policy with the tree",
                                              visible=self.workspace.allow_write,
                                              css_classes=["ckptview-retention-save"])  # fmt: skip
         self.save_button.on_click(self._on_save)
-        self.delete = pn.widgets.Button(name="Delete", button_type="danger", visible=False,
+        self.delete = pn.widgets.Button(label="Delete", color="danger", visible=False,
                                         css_classes=["ckptview-retention-delete"])  # fmt: skip
         self.delete.on_click(self._on_delete)
         self.confirm_text = pn.pane.Markdown(css_classes=["ckptview-confirm-text"])
-        self.confirm = pn.widgets.Button(name="Delete", button_type="danger",
+        self.confirm = pn.widgets.Button(label="Delete", color="danger",
                                          css_classes=["ckptview-retention-confirm"])  # fmt: skip
         self.confirm.on_click(self._on_confirm)
-        self.cancel = pn.widgets.Button(name="Cancel", css_classes=["ckptview-retention-cancel"])
+        self.cancel = pn.widgets.Button(label="Cancel", css_classes=["ckptview-retention-cancel"])
         self.cancel.on_click(self._on_cancel)
         self.dialog = pn.Column(
             self.confirm_text, pn.Row(self.confirm, self.cancel), visible=False,
@@ -168,7 +168,7 @@ class RetentionView(pn.viewable.Viewer):
         if not self.workspace.allow_write:
             text += "\n\nThis dashboard is **read-only**: deleting is not offered."
         set_notice(self.message, text, "info")
-        self.delete.name = f"Delete {len(doomed)} checkpoint{'s' if len(doomed) != 1 else ''}…"
+        self.delete.label = f"Delete {len(doomed)} checkpoint{'s' if len(doomed) != 1 else ''}…"
         self.delete.visible = self.workspace.allow_write and bool(doomed)
         self.dialog.visible = False
 
@@ -192,7 +192,7 @@ class RetentionView(pn.viewable.Viewer):
             f"Serials {', '.join(map(str, doomed))} of `{self.run}` ({human_bytes(freed)}). "
             "This cannot be undone; the tree is re-checked against the plan first."
         )
-        self.confirm.name = f"Delete {len(doomed)} {noun}"
+        self.confirm.label = f"Delete {len(doomed)} {noun}"
         self.dialog.visible = True
 
     def _on_delete(self, event=None) -> None:
@@ -248,20 +248,21 @@ class RetentionView(pn.viewable.Viewer):
         w = pn.widgets
         form = pn.Column(
             pn.Row(
-                w.Select.from_param(self.param.run, name="run", width=170),
-                w.IntInput.from_param(self.param.keep_last, name="keep last N (0 off)", width=140,
+                w.Select.from_param(self.param.run, label="run", width=170,
+                                    css_classes=["ckptview-retention-run"]),
+                w.IntInput.from_param(self.param.keep_last, label="keep last N (0 off)", width=140,
                                       css_classes=["ckptview-keep-last"]),
-                w.IntInput.from_param(self.param.keep_every, name="keep every K (0 off)",
+                w.IntInput.from_param(self.param.keep_every, label="keep every K (0 off)",
                                       width=140),
-                w.Select.from_param(self.param.every_by, name="K counts", width=100),
-                w.TextInput.from_param(self.param.older_than, name="keep newer than",
+                w.Select.from_param(self.param.every_by, label="K counts", width=100),
+                w.TextInput.from_param(self.param.older_than, label="keep newer than",
                                        placeholder="7d, 12h", width=130),
             ),
             pn.Row(
-                w.Select.from_param(self.param.best_metric, name="best N by metric", width=170),
-                w.IntInput.from_param(self.param.best_n, name="N", width=80),
-                w.Select.from_param(self.param.best_mode, name="best is", width=90),
-                w.MultiChoice.from_param(self.param.pinned, name="pinned serials", width=300),
+                w.Select.from_param(self.param.best_metric, label="best N by metric", width=170),
+                w.IntInput.from_param(self.param.best_n, label="N", width=80),
+                w.Select.from_param(self.param.best_mode, label="best is", width=90),
+                w.MultiChoice.from_param(self.param.pinned, label="pinned serials", width=300),
                 self.plan_button, align="end",
             ),
         )  # fmt: skip

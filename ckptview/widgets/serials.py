@@ -34,7 +34,7 @@ class SerialsTable(pn.viewable.Viewer):
         self.table = table(
             shown, pagination="remote", page_size=self.page_size, selectable=1,
             hidden_columns=["nbytes"], formatters={"status": {"type": "html"}},
-            header_align="left", css_classes=["ckptview-serials"], name="serials",
+            header_align="left", css_classes=["ckptview-serials"],
             widths={"status": 110, "error": 260},
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
@@ -43,7 +43,7 @@ class SerialsTable(pn.viewable.Viewer):
             latest = int(self.frame["serial"].iloc[-1])
         if latest is not None:
             self.select(latest)
-        self.y_select = pn.widgets.Select.from_param(self.param.y, name="timeline", width=200)
+        self.y_select = pn.widgets.Select.from_param(self.param.y, label="timeline", width=200)
 
     def _summary(self) -> str:
         cat, f = self.catalog, self.frame

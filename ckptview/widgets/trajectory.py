@@ -66,7 +66,7 @@ class TrajectoryPlot(pn.viewable.Viewer):
 
     def __panel__(self):
         controls = pn.Row(
-            pn.widgets.MultiChoice.from_param(self.param.names, name="variables", width=520),
-            pn.widgets.Select.from_param(self.param.stat, name="statistic", width=140),
+            pn.widgets.MultiChoice.from_param(self.param.names, label="variables", width=520),
+            pn.widgets.Select.from_param(self.param.stat, label="statistic", width=140),
         )
         return pn.Column(controls, self.message, self.plot, sizing_mode="stretch_width")

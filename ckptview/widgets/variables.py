@@ -43,7 +43,6 @@ class VariablesTable(pn.viewable.Viewer):
             formatters={"share": {"type": "progress", "max": 100, "legend": True,
                                   "color": "#64b5f6", "legendAlign": "left"}},
             titles={"share": "% of serial"}, widths={"share": 170}, css_classes=["ckptview-variables"],
-            name="variables",
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         self.by_kind = table(pd.DataFrame(), css_classes=["ckptview-totals-kind"],
@@ -97,11 +96,11 @@ class VariablesTable(pn.viewable.Viewer):
 
     def __panel__(self):
         filters = pn.Row(
-            pn.widgets.TextInput.from_param(self.param.name_filter, name="name contains",
+            pn.widgets.TextInput.from_param(self.param.name_filter, label="name contains",
                                             width=220, css_classes=["ckptview-name-filter"]),
-            pn.widgets.MultiChoice.from_param(self.param.kinds, name="kind", width=200),
-            pn.widgets.MultiChoice.from_param(self.param.nodes, name="node", width=200),
-            pn.widgets.MultiChoice.from_param(self.param.dtypes, name="dtype", width=200),
+            pn.widgets.MultiChoice.from_param(self.param.kinds, label="kind", width=200),
+            pn.widgets.MultiChoice.from_param(self.param.nodes, label="node", width=200),
+            pn.widgets.MultiChoice.from_param(self.param.dtypes, label="dtype", width=200),
         )  # fmt: skip
         totals = pn.Row(
             pn.Column("**Per kind**", self.by_kind, sizing_mode="stretch_width"),

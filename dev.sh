@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Developer entry point; works on a fresh clone of a fresh machine (Python >= 3.10 with pip).
+#
+#   ./dev.sh dashboard [PORT]   set up .venv, write the demo tree, serve the dashboard (5006)
+#   ./dev.sh test [PYTEST ARGS] set up .venv (+ Debian chromium), run ruff check and pytest
+#   ./dev.sh setup [EXTRAS]     only create/refresh .venv with ckptview[EXTRAS] (default: test)
+#
+# .venv is reinstalled only when pyproject.toml changes. $PYTHON picks the interpreter.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=.venv
+PY="$VENV/bin/python"
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+setup() {  # setup EXTRAS: a venv holding ckptview[EXTRAS] in editable mode
+  local extras="$1" stamp want
+  if [ ! -x "$PY" ]; then
+    log "creating $VENV with ${PYTHON:-python3} ($(${PYTHON:-python3} --version 2>&1))"
+    "${PYTHON:-python3}" -m venv "$VENV"
+  fi
+  want="$(sha256sum pyproject.toml | cut -c1-16)"
+  for stamp in "$VENV/.ckptview-$extras" "$VENV/.ckptview-test"; do
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
+  done
+  log "installing ckptview[$extras] into $VENV (a few minutes the first time)"
+  "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
+  "$PY" -m pip install -q --disable-pip-version-check -e ".[$extras]"
+  echo "$want" > "$VENV/.ckptview-$extras"
+}
+
+need_chromium() {  # Debian's Chromium for the browser tests (never a Playwright download)
+  [ -x /usr/bin/chromium ] && return 0
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  log "installing Debian chromium (apt-get)"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  [ -x /usr/bin/chromium ] || { echo "chromium did not install at /usr/bin/chromium" >&2; exit 1; }
+}
+
+cmd_test() {
+  setup test
+  need_chromium
+  log "ruff check"
+  "$VENV/bin/ruff" check .
+  log "pytest $*"
+  local rc=0
+  "$VENV/bin/pytest" "$@" || rc=$?
+  if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests (exit 5): nothing matched the arguments given" >&2
+  fi
+  return "$rc"
+}
+
+cmd_dashboard() {
+  local port="${1:-${PORT:-5006}}" demo="${CKPTVIEW_DEMO_DIR:-demo_tree}"
+  setup ui
+  if [ ! -d "$demo" ]; then
+    log "writing the demo tree into $demo"
+    "$VENV/bin/ckptview" demo "$demo"
+  fi
+  log "dashboard: http://localhost:$port/ckptview_app  (Ctrl-C stops)"
+  exec "$VENV/bin/ckptview" serve "$demo" --port "$port"
+}
+
+case "${1:-}" in
+  test) shift; cmd_test "$@" ;;
+  dashboard) shift; cmd_dashboard "$@" ;;
+  setup) setup "${2:-test}" ;;
+  *) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -1,0 +1,305 @@
+"""The dashboard served by ``panel serve app/ckptview_app.py`` and driven in Debian's Chromium.
+
+Trees are copies in ``tmp_path`` (the demo tree and corpus trees), so nothing shared is ever
+changed. Expected values are computed from the catalogs, not from the page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import corpus_path
+from playwright.sync_api import Page, expect
+
+import ckptview as cv
+from ckptview.demo import write_demo
+from ckptview.widgets._format import fmt_number, serials_frame
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = Path(os.environ.get("CKPTVIEW_APP", ROOT / "app" / "ckptview_app.py"))
+SHOTS = ROOT / "test-results"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+CORPUS_TREES = ["paddle/fluid_ckpt", "caffe2/ckpt", "modern/hf"]
+SERIALS = 6
+WAIT = 60_000
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    """Debian's Chromium instead of a Playwright-downloaded browser."""
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+
+
+@pytest.fixture(scope="session")
+def browser_context_args(browser_context_args):
+    return {**browser_context_args, "viewport": {"width": 1500, "height": 1400}}
+
+
+# -- the server -------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``panel serve APP --args URL...`` in a subprocess, stopped by its own pid."""
+
+    def __init__(self, urls: list[str], allow_write: bool = False, extra: list[str] = ()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/{APP.stem}"
+        cmd = [sys.executable, "-m", "panel", "serve", str(APP), "--port", str(self.port),
+               "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{self.port}",
+               *extra, "--args", *urls, *(["--allow-write"] if allow_write else [])]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=ROOT)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"panel serve exited: {self.proc.stdout.read()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=5):
+                    return
+            except urllib.error.HTTPError:
+                return  # answering (e.g. a login redirect)
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise TimeoutError("panel serve did not answer")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    """Copies of the corpus trees and a demo tree, all below one scratch directory."""
+    base = tmp_path_factory.mktemp("trees")
+    out = {}
+    for rel in CORPUS_TREES:
+        dest = base / rel.replace("/", "_")
+        shutil.copytree(corpus_path(*rel.split("/")), dest)
+        out[rel] = dest
+    out["demo"] = write_demo(base / "demo", serials=SERIALS).root
+    return out
+
+
+@pytest.fixture(scope="module")
+def writable(tmp_path_factory):
+    root = write_demo(tmp_path_factory.mktemp("rw") / "demo", serials=SERIALS).root
+    server = Server([str(root)], allow_write=True)
+    yield server, Path(root)
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def read_only(trees):
+    urls = [str(trees[k]) for k in (*CORPUS_TREES, "demo")]
+    server = Server(urls)
+    yield server
+    server.stop()
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"app_{name}.png"), full_page=True)
+
+
+def tab(page: Page, name: str) -> None:
+    page.locator(".bk-tab", has_text=name).first.click()
+
+
+def pick_run(page: Page, label: str) -> None:
+    page.locator(".ckptview-run-select label", has_text=label).first.click()
+
+
+def expect_serials(page: Page, cat: cv.Catalog) -> None:
+    frame = serials_frame(cat)
+    rows = page.locator(".ckptview-serials .tabulator-row")
+    expect(rows).to_have_count(len(frame), timeout=WAIT)
+    for i, status in enumerate(frame["status"]):
+        expect(rows.nth(i).locator(".tabulator-cell").first).to_have_text(
+            str(frame["serial"].iloc[i])
+        )  # fmt: skip
+        expect(rows.nth(i).locator(f".cv-badge.cv-{status}")).to_have_count(1)
+    expect(page.locator(".ckptview-summary")).to_contain_text(f"{len(frame)} serials")
+    expect(page.locator(".ckptview-summary")).to_contain_text(cat.layout)
+
+
+def force_click(page: Page, css_class: str) -> None:
+    """Make a hidden button visible in the browser's copy of the document, then click it."""
+    found = page.evaluate(
+        """(cls) => {
+            for (const doc of Bokeh.documents) for (const m of doc.all_models)
+                if (m.css_classes && m.css_classes.includes(cls)) { m.visible = true; return true }
+            return false }""",
+        css_class,
+    )
+    assert found, f"no model with class {css_class} in the page"
+    page.locator(f".{css_class} button").first.click()
+
+
+# -- tests ------------------------------------------------------------------------------------
+def test_serials_and_variables_of_the_demo(page: Page, writable):
+    server, root = writable
+    cat = cv.open(root)
+    page.goto(server.url)
+    expect_serials(page, cat)
+    counts = cat.variables.groupby("serial").size()
+    heading = page.locator(".ckptview-vars-heading")
+    expect(heading).to_contain_text(f"Serial {cat.latest} · {counts[cat.latest]} variables")
+    page.locator(".ckptview-serials .tabulator-row").nth(1).click()
+    expect(heading).to_contain_text(f"Serial 1 · {counts[1]} variables", timeout=WAIT)
+    expect(page.locator(".ckptview-variables .tabulator-row")).to_have_count(int(counts[1]))
+    page.locator(".ckptview-variables .tabulator-row", has_text="fc_1.w_0").first.click()
+    expect(page.locator(".ckptview-detail-info")).to_contain_text("64×10", timeout=WAIT)
+    page.locator(".ckptview-stats-button button").click()
+    st = cat.stats(1, names=["fc_1.w_0"]).iloc[0]
+    expect(page.locator(".ckptview-stats")).to_contain_text(fmt_number(st["l2"]), timeout=WAIT)
+    shot(page, "browse")
+
+
+def test_compare_shows_a_changed_variable_with_its_numbers(page: Page, writable):
+    server, root = writable
+    cat = cv.open(root)
+    page.goto(server.url)
+    expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+    tab(page, "Compare")
+    a = int(cat.serials.index[cat.serials["complete"]][0])
+    page.locator(".ckptview-compare-button button").click()
+    diff = cat.diff(a, cat.latest)
+    top = diff[diff["status"] == "changed"].sort_values("rel_l2", ascending=False).iloc[0]
+    first = page.locator(".ckptview-diff .tabulator-row").first
+    expect(first).to_contain_text(top["name"], timeout=WAIT)
+    expect(first).to_contain_text(fmt_number(top["rel_l2"]))
+    expect(first.locator(".cv-badge.cv-changed")).to_have_count(1)
+    expect(page.locator(".ckptview-compare-heading")).to_contain_text(
+        f"{(diff['status'] == 'changed').sum()} changed"
+    )
+    row = diff[diff["name"] == "fc_1.w_0"].iloc[0]
+    target = page.locator(".ckptview-diff .tabulator-row", has_text="fc_1.w_0").first
+    expect(target).to_contain_text(fmt_number(row["rel_l2"]))
+    target.click()
+    expect(page.locator(".ckptview-diff-variable")).to_contain_text("fc_1.w_0", timeout=WAIT)
+    expect(page.locator(".ckptview-diff-plots .bk-Canvas, .ckptview-diff-plots canvas").first
+           ).to_be_visible(timeout=WAIT)  # fmt: skip
+    time.sleep(1.5)
+    shot(page, "compare")
+
+
+def test_retention_deletes_nothing_before_confirm_and_exactly_the_plan_after(page, writable):
+    server, root = writable
+    cat = cv.open(root)
+    before = set(cat.serials.index)
+    plan = cat.plan_retention(keep_last=2)
+    doomed = sorted(int(s) for s in plan.index[plan["action"] == "delete"])
+    assert doomed
+    page.goto(server.url)
+    expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+    tab(page, "Retention")
+    field = page.locator(".ckptview-keep-last input")
+    field.fill("2")
+    field.press("Enter")
+    page.locator(".ckptview-retention-plan button").click()
+    expect(page.locator(".ckptview-retention-table .tabulator-row")).to_have_count(len(plan),
+                                                                                  timeout=WAIT)  # fmt: skip
+    delete = page.locator(".ckptview-retention-delete button")
+    expect(delete).to_have_text(f"Delete {len(doomed)} checkpoints…")
+    assert set(cv.open(root).serials.index) == before  # planning deleted nothing
+    delete.click()
+    dialog = page.locator(".ckptview-confirm")
+    expect(dialog).to_contain_text(f"Delete {len(doomed)} checkpoints?")
+    assert set(cv.open(root).serials.index) == before  # asking deleted nothing
+    shot(page, "retention_confirm")
+    page.locator(".ckptview-retention-confirm button").click()
+    expect(page.locator(".ckptview-retention-message")).to_contain_text(
+        f"Deleted {len(doomed)} checkpoints", timeout=WAIT
+    )
+    assert sorted(before - set(cv.open(root).serials.index)) == doomed
+    shot(page, "retention_done")
+
+
+@pytest.mark.parametrize("rel", [*CORPUS_TREES, "demo"])
+def test_corpus_trees_list_their_serials(page: Page, read_only, trees, rel):
+    cat = cv.open(trees[rel])
+    page.goto(read_only.url)
+    expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+    pick_run(page, Path(trees[rel]).name)
+    expect(page.locator(".ckptview-summary")).to_contain_text(cat.url, timeout=WAIT)
+    expect_serials(page, cat)
+    first = int(cat.serials.index[0])
+    page.locator(".ckptview-serials .tabulator-row").first.click()
+    n = int((cat.variables["serial"] == first).sum())
+    expect(page.locator(".ckptview-vars-heading")).to_contain_text(
+        f"Serial {first} · {n} variables", timeout=WAIT
+    )
+    shot(page, f"corpus_{Path(trees[rel]).name}")
+
+
+def test_read_only_offers_no_change_and_refuses_a_forced_one(page: Page, read_only, trees):
+    root = trees["demo"]
+    before = sorted(cv.open(root).serials.index)
+    page.goto(read_only.url)
+    expect(page.locator(".ckptview-mode")).to_contain_text("read-only", timeout=WAIT)
+    pick_run(page, Path(root).name)
+    tab(page, "Retention")
+    page.locator(".ckptview-retention-run select").select_option(Path(root).name)
+    page.locator(".ckptview-retention-plan button").click()
+    expect(page.locator(".ckptview-retention-message")).to_contain_text("read-only", timeout=WAIT)
+    expect(page.locator(".ckptview-retention-delete button")).to_be_hidden()
+    expect(page.locator(".ckptview-retention-save button")).to_be_hidden()
+    force_click(page, "ckptview-retention-delete")
+    expect(page.locator(".ckptview-retention-message")).to_contain_text("refused", timeout=WAIT)
+    expect(page.locator(".ckptview-confirm")).to_be_hidden()
+    tab(page, "Restore")
+    page.locator(".ckptview-restore-plan button").click()
+    expect(page.locator(".ckptview-restore-message")).to_contain_text("read-only", timeout=WAIT)
+    expect(page.locator(".ckptview-restore-confirm button")).to_be_hidden()
+    force_click(page, "ckptview-restore-confirm")
+    expect(page.locator(".ckptview-restore-message")).to_contain_text("refused", timeout=WAIT)
+    shot(page, "read_only_refused")
+    assert sorted(cv.open(root).serials.index) == before
+    assert not (Path(root) / ".ckptview").exists()
+
+
+def test_a_url_outside_the_roots_is_refused(page: Page, read_only, tmp_path):
+    outside = write_demo(tmp_path / "outside", serials=2).root
+    page.goto(read_only.url)
+    expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+    url = page.locator(".ckptview-url input")
+    url.fill(str(outside))
+    url.press("Enter")
+    page.locator(".ckptview-open button").click()
+    expect(page.locator(".ckptview-picker-message")).to_contain_text("refused", timeout=WAIT)
+    expect(page.locator(".ckptview-runs")).not_to_contain_text(str(outside))
+
+
+def test_works_behind_basic_auth(page: Page, trees):
+    server = Server([str(trees["caffe2/ckpt"])],
+                    extra=["--basic-auth", "s3cret-pw", "--cookie-secret", "ckptview-test"])  # fmt: skip
+    try:
+        page.goto(server.url)
+        page.locator("input[name=username]").fill("ana")
+        page.locator("input[name=password]").fill("s3cret-pw")
+        page.locator("button[type=submit], input[type=submit]").first.click()
+        expect_serials(page, cv.open(trees["caffe2/ckpt"]))
+    finally:
+        server.stop()

@@ -1,0 +1,244 @@
+"""Trees in S3: moto's real server (a subprocess) behind a logging, fault-injecting proxy, read
+with s3fs. The S3 catalog equals the local one; reads are ranged, header-only, bounded per file
+and overlap; throttling is retried; access denied lands on its serial; a failed delete part-way
+through retention loses nothing it should keep; restore copies a serial within S3.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import corpus_path
+from s3server import FaultProxy, MotoServer, s3fs_client, storage_options, upload
+
+import ckptview as cv
+from ckptview.cache import HeaderCache
+
+pytestmark = pytest.mark.s3
+
+TREES = [
+    "paddle/fluid_ckpt",
+    "caffe2/ckpt",
+    "modern/hf",
+    "modern/safetensors/sharded",
+    "tf_orbax/tf/run1",
+]
+MAX_REQUESTS_PER_FILE = 16  # measured: paddle 2, caffe2 4, hf 15 (rng_state.pth), st 2, tf 1
+SERIAL_FACTS = ["complete", "latest", "epoch", "step", "nbytes", "n_files", "n_variables", "nodes"]
+VAR_FACTS = ["serial", "node", "name", "kind", "dtype", "shape", "numel", "nbytes", "rel", "err"]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = MotoServer()
+    proxy = FaultProxy(server.port)
+    fs = s3fs_client(server.endpoint)  # uploads go straight to moto, reads through the proxy
+    bucket = f"ckptview-{uuid.uuid4().hex[:12]}"
+    urls = {rel: upload(fs, corpus_path(rel), bucket, rel) for rel in TREES}
+    try:
+        yield {"proxy": proxy, "fs": fs, "bucket": bucket, "urls": urls}
+    finally:
+        proxy.stop()
+        server.stop()
+
+
+@pytest.fixture
+def proxy(s3):
+    s3["proxy"].reset()
+    yield s3["proxy"]
+    s3["proxy"].reset()
+
+
+def open_s3(s3, url: str, **kwargs) -> cv.Catalog:
+    kwargs.setdefault("cache", False)
+    return cv.open(url, storage_options=storage_options(s3["proxy"].endpoint), **kwargs)
+
+
+def facts(cat: cv.Catalog) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Serials and variables with URLs made relative to the tree root (comparable)."""
+    root = cat.tree.url("").rstrip("/")
+    s = cat.serials[SERIAL_FACTS].copy()
+    s["path"] = [_rel(p, root) for p in cat.serials["path"]]
+    v = cat.variables.copy()
+    v["rel"] = [_rel(f, root) for f in v["file"]]
+    v["err"] = v["error"].notna()
+    v = v[VAR_FACTS].sort_values(["serial", "node", "name", "rel"]).reset_index(drop=True)
+    return s, v
+
+
+def _rel(url: str, root: str) -> str:
+    assert url == root or url.startswith(root + "/"), (url, root)
+    return url[len(root) + 1 :]
+
+
+def object_gets(proxy: FaultProxy, bucket: str) -> list:
+    """GETs of objects (listings, which GET the bucket itself, excluded)."""
+    return proxy.requests("GET", under=f"{bucket}/")
+
+
+@pytest.mark.parametrize("rel", TREES)
+def test_s3_catalog_equals_local(s3, proxy, rel):
+    local = cv.open(corpus_path(rel), cache=False)
+    cat = open_s3(s3, s3["urls"][rel])
+    assert cat.layout == local.layout
+    s_local, v_local = facts(local)
+    s_s3, v_s3 = facts(cat)
+    pd.testing.assert_frame_equal(s_s3, s_local)
+    pd.testing.assert_frame_equal(v_s3, v_local)
+
+    gets = object_gets(proxy, s3["bucket"])
+    assert gets and all(e.range for e in gets), "every object read is ranged"
+    per_file = collections.Counter(e.key for e in gets)
+    n_files = len(cat.files)
+    print(f"{rel}: {len(gets)} GETs for {n_files} data files, max {max(per_file.values())}/file")
+    assert max(per_file.values()) <= MAX_REQUESTS_PER_FILE
+    assert cat.storage.counters.requests == len(gets)  # our counter agrees with the server
+    total = sum(s3["fs"].du(s3["urls"][rel], total=False).values())
+    assert cat.storage.counters.bytes_read < total  # headers, not tensors (tiny corpus files)
+
+    latest = local.latest if local.latest is not None else int(local.serials.index.max())
+    rows = v_local[(v_local["serial"] == latest) & ~v_local["err"] & (v_local["dtype"] != "object")]
+    for row in rows.head(4).itertuples():
+        want = local.read(row.name, serial=latest, node=row.node)
+        got = cat.read(row.name, serial=latest, node=row.node)
+        assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True)
+
+
+def test_s3_reads_overlap(s3, proxy):
+    """Added latency per GET barely adds to the scan's time: the reads run concurrently."""
+
+    def scan() -> tuple[float, int]:
+        proxy.reset()
+        t0 = time.perf_counter()
+        cat = open_s3(s3, s3["urls"]["paddle/fluid_ckpt"])
+        assert len(cat.variables) > 100
+        return time.perf_counter() - t0, len(object_gets(proxy, s3["bucket"]))
+
+    plain, gets = scan()
+    delay = 0.1
+    proxy.state.delay = delay
+    slow, _ = scan()
+    inflight = proxy.state.max_inflight
+    print(f"{gets} GETs: {plain:.2f} s; with {delay * 1000:.0f} ms each: {slow:.2f} s "
+          f"(one at a time: +{gets * delay:.1f} s), {inflight} in flight")  # fmt: skip
+    assert inflight >= 4
+    assert slow - plain < gets * delay / 4
+
+
+def test_s3_throttling_is_retried(s3, proxy):
+    key = f"{s3['bucket']}/paddle/fluid_ckpt/checkpoint_1/__model__/fc_0.w_0"
+    proxy.fail("GET", key, 503, "SlowDown", times=2)
+    cat = open_s3(s3, s3["urls"]["paddle/fluid_ckpt"])
+    assert cat.serials["error"].isna().all()
+    assert cat.read("fc_0.w_0", serial=1).size > 0
+    statuses = [e.status for e in proxy.requests("GET", under=key) if e.key == key]
+    assert statuses[:3] == [503, 503, 206], statuses
+
+
+def test_s3_access_denied_lands_on_its_serial(s3, proxy):
+    key = f"{s3['bucket']}/paddle/fluid_ckpt/checkpoint_1/__model__/fc_1.w_0"
+    proxy.fail("GET", key, 403, "AccessDenied")
+    cache = HeaderCache()
+    cat = open_s3(s3, s3["urls"]["paddle/fluid_ckpt"], cache=cache)
+    local = cv.open(corpus_path("paddle/fluid_ckpt"), cache=False)
+    errors = cat.serials["error"]
+    assert errors.notna().tolist() == [s == 1 for s in cat.serials.index]
+    assert "fc_1.w_0" in errors[1] and "PermissionError" in errors[1]
+    assert cat.latest == local.latest == 2
+    v, lv = cat.variables, local.variables
+    for s in (0, 2, 3):
+        assert len(v[v["serial"] == s]) == len(lv[lv["serial"] == s])
+    bad = v[(v["serial"] == 1) & v["error"].notna()]
+    assert bad["name"].tolist() == ["fc_1.w_0"]
+    # an access error is not cached: once allowed, that file alone is read again
+    proxy.reset()
+    again = open_s3(s3, s3["urls"]["paddle/fluid_ckpt"], cache=cache)
+    assert again.serials["error"].isna().all()
+    assert {e.key for e in object_gets(proxy, s3["bucket"])} == {key}
+
+
+def test_s3_second_open_reads_no_header(s3, proxy):
+    cache = HeaderCache()
+    first = open_s3(s3, s3["urls"]["modern/hf"], cache=cache)
+    want = facts(first)
+    assert first.storage.counters.bytes_read > 0
+    proxy.reset()
+    second = open_s3(s3, s3["urls"]["modern/hf"], cache=cache)
+    got = facts(second)
+    pd.testing.assert_frame_equal(got[0], want[0])
+    pd.testing.assert_frame_equal(got[1], want[1])
+    assert second.storage.counters.bytes_read == 0 and second.storage.counters.requests == 0
+    assert object_gets(proxy, s3["bucket"]) == []  # only listings reached the server
+    assert proxy.requests("GET")  # (the listing is redone)
+
+
+def test_s3_refresh_reads_only_new_serial(s3, proxy):
+    fs, bucket = s3["fs"], s3["bucket"]
+    src = corpus_path("modern/hf")
+    root = f"{bucket}/live-{uuid.uuid4().hex[:6]}"
+    for step in (100, 200):
+        fs.put(f"{src}/checkpoint-{step}/", f"{root}/checkpoint-{step}", recursive=True)
+    cat = open_s3(s3, f"s3://{root}")
+    assert list(cat.serials.index) == [100, 200]
+    proxy.reset()
+    fs.put(f"{src}/checkpoint-300/", f"{root}/checkpoint-300", recursive=True)
+    before = cat.storage.counters.requests
+    cat.refresh()
+    assert list(cat.serials.index) == [100, 200, 300] and cat.latest == 300
+    gets = object_gets(proxy, bucket)
+    assert gets and all("/checkpoint-300/" in e.key for e in gets), {e.key for e in gets}
+    assert cat.storage.counters.requests - before == len(gets)
+
+    proxy.reset()  # a deleted serial disappears, nothing is read
+    fs.rm(f"{root}/checkpoint-100", recursive=True)
+    cat.refresh()
+    assert list(cat.serials.index) == [200, 300]
+    assert object_gets(proxy, bucket) == []
+
+    proxy.reset()  # a changed file (new ETag/size) is read again, alone
+    changed = f"{root}/checkpoint-200/scheduler.pt"
+    fs.pipe_file(changed, (src / "checkpoint-300" / "scheduler.pt").read_bytes())
+    cat.refresh()
+    assert len(cat.variables)  # (tables are built lazily)
+    assert {e.key for e in object_gets(proxy, bucket)} == {changed}
+    assert len(cat.variables[cat.variables["serial"] == 200]) > 0
+
+
+def test_s3_retention_failure_part_way_and_restore(s3, proxy):
+    fs, bucket = s3["fs"], s3["bucket"]
+    root = f"{bucket}/ret-{uuid.uuid4().hex[:6]}"
+    fs.put(f"{corpus_path('paddle/fluid_ckpt')}/", root, recursive=True)
+    cat = open_s3(s3, f"s3://{root}")
+    before = {k: v["ETag"] for k, v in fs.find(root, detail=True).items()}
+    plan = cat.plan_retention(keep_last=1)
+    doomed = sorted(int(s) for s in plan.index[plan["action"] == "delete"])
+    assert doomed == [0, 1] and cat.latest == 2
+    proxy.fail("DELETE", f"{root}/checkpoint_1/__model__/fc_0.w_0", 403, "AccessDenied")
+    with pytest.raises(PermissionError):
+        cat.apply_retention(plan)
+    fs.invalidate_cache()
+    after = {k: v["ETag"] for k, v in fs.find(root, detail=True).items()}
+    for serial in (2, 3):  # kept: latest complete, and an incomplete newer one (save in flight)
+        prefix = f"{root}/checkpoint_{serial}/"
+        assert {k: v for k, v in after.items() if k.startswith(prefix)} == {
+            k: v for k, v in before.items() if k.startswith(prefix)
+        }
+    assert not any(k.startswith(f"{root}/checkpoint_0/") for k in after)
+    assert f"{root}/checkpoint_1/__model__/fc_0.w_0" in after
+    cat.refresh()
+    assert cat.latest == 2 and not cat.serials.loc[1, "complete"]  # marker went first
+
+    proxy.reset()  # retry: plan again, the rest of serial 1 goes
+    done = cat.apply_retention(cat.plan_retention(keep_last=1))
+    assert list(done.index) == [1] and list(cat.serials.index) == [2, 3]
+
+    target = f"s3://{bucket}/restored-{uuid.uuid4().hex[:6]}"
+    cat.restore(2, to=target, storage_options=storage_options(proxy.endpoint))
+    copy = open_s3(s3, target)
+    assert copy.layout == "paddle-fluid" and copy.latest == 2
+    np.testing.assert_array_equal(copy.read("fc_0.w_0"), cat.read("fc_0.w_0", serial=2))
