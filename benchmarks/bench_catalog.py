@@ -29,49 +29,54 @@ print("{}")
 
 CKPTVIEW = r"""
 import json, sys, ckptview as cv
+import time as _t; _t0 = _t.perf_counter()
 cat = cv.open(sys.argv[1])
 v = cat.variables
-print(json.dumps({"rows": len(v), "bytes_read": cat.storage.counters.bytes_read}))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "rows": len(v), "bytes_read": cat.storage.counters.bytes_read}))
 """
 
 TORCH_LOAD = r"""
 import json, sys, glob, torch
+import time as _t; _t0 = _t.perf_counter()
 rows = 0
 for f in sorted(glob.glob(sys.argv[1] + "/*.pt")):
     sd = torch.load(f, mmap=True, weights_only=True)
     rows += sum(1 for t in sd.values() if hasattr(t, "shape") and (t.dtype, tuple(t.shape)))
-print(json.dumps({"rows": rows}))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "rows": rows}))
 """
 
 TORCH_FLOOR = r"""
 import json, sys, glob, zipfile
+import time as _t; _t0 = _t.perf_counter()
 n = 0
 for f in sorted(glob.glob(sys.argv[1] + "/*.pt")):
     with zipfile.ZipFile(f) as z:
         name = next(i for i in z.namelist() if i.endswith("data.pkl"))
         n += len(z.read(name))
-print(json.dumps({"pickle_bytes": n}))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "pickle_bytes": n}))
 """
 
 SAFE_OPEN = r"""
 import json, sys, glob
 from safetensors import safe_open
+import time as _t; _t0 = _t.perf_counter()
 rows = 0
 for f in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
     with safe_open(f, framework="numpy") as h:
         for k in h.keys():
             h.get_slice(k).get_shape(); rows += 1
-print(json.dumps({"rows": rows}))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "rows": rows}))
 """
 
 SAFE_FLOOR = r"""
 import json, sys, glob, struct
+import time as _t; _t0 = _t.perf_counter()
 n = 0
 for f in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
     with open(f, "rb") as fh:
         size = struct.unpack("<Q", fh.read(8))[0]
         n += len(fh.read(size))
-print(json.dumps({"header_bytes": n}))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "header_bytes": n}))
 """
 
 

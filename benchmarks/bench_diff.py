@@ -30,12 +30,14 @@ print("{}")
 
 CKPTVIEW = r"""
 import json, sys, ckptview as cv
+import time as _t; _t0 = _t.perf_counter()
 d = cv.open(sys.argv[1]).diff(1, 2)
-print(json.dumps({"changed": int((d["status"] == "changed").sum()), "l2": float(d["l2"].sum())}))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "changed": int((d["status"] == "changed").sum()), "l2": float(d["l2"].sum())}))
 """
 
 TORCH = r"""
 import json, sys, torch
+import time as _t; _t0 = _t.perf_counter()
 a = torch.load(sys.argv[1] + "/step_1.pt", mmap=True, weights_only=True)
 b = torch.load(sys.argv[1] + "/step_2.pt", mmap=True, weights_only=True)
 changed, total = 0, 0.0
@@ -45,11 +47,12 @@ for k in a:
     l2 = float(d.norm()); mx = float(d.abs().max())
     cos = float(torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0))
     changed += l2 > 0; total += l2
-print(json.dumps({"changed": int(changed), "l2": total}))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "changed": int(changed), "l2": total}))
 """
 
 FLOOR = r"""
 import json, sys, numpy as np
+import time as _t; _t0 = _t.perf_counter()
 chunk = 64 << 20
 acc = 0.0
 with open(sys.argv[1] + "/step_1.pt", "rb") as fa, open(sys.argv[1] + "/step_2.pt", "rb") as fb:
@@ -60,7 +63,7 @@ with open(sys.argv[1] + "/step_1.pt", "rb") as fa, open(sys.argv[1] + "/step_2.p
         n = min(len(x), len(y)) // 4 * 4
         d = np.frombuffer(y[:n], np.float32).astype(np.float64) - np.frombuffer(x[:n], np.float32)
         acc += float(np.dot(d, d))
-print(json.dumps({"sumsq": acc}))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "sumsq": acc}))
 """
 
 

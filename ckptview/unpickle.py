@@ -54,6 +54,9 @@ LAZY_MIN = 4096  # payloads at least this long stay on disk as LazyBytes (Blob s
 CHUNK = 1 << 16
 MAX_LINE = 1 << 26  # protocol-0 text lines (a py2 STRING may hold an array)
 MAX_LEAVES = 1_000_000
+#: objects the VM may hold at once (stack + memo entries): a pickle of millions of DUP/PUT
+#: opcodes must not build an enormous memo
+MAX_OBJECTS = 10_000_000
 
 
 class RestrictedUnpicklingError(__import__("pickle").UnpicklingError):
@@ -595,19 +598,41 @@ class _Source:
         else:
             rel = self.pos - self._buf_at
             if rel < 0 or rel + n > len(self._buf):
-                if self.pos + n <= HEAD_BLOCK:  # the Blob's cached first block
-                    self._buf, self._buf_at = self.blob.head(), 0
-                    out = self._buf[self.pos : self.pos + n]
-                    self.pos += n
-                    return out
-                want = max(n, CHUNK if self.pos >= 4096 else 4096 - self.pos)
-                want = min(want, self.end - self.pos)
-                self._buf = self.blob.read(self.pos, want)
-                self._buf_at = self.pos
-                rel = 0
+                self._load(n)
+                rel = self.pos - self._buf_at
             out = self._buf[rel : rel + n]
         self.pos += n
         return out
+
+    def _load(self, n: int) -> None:
+        """Make the buffer hold ``[pos, pos + n)``, reading only bytes not held already.
+
+        The Blob's cached first block serves what lies in it; bytes past it are read ahead
+        (``CHUNK``, within ``end``), keeping the held bytes the new window overlaps."""
+        pos, first = self.pos, min(HEAD_BLOCK, self.blob.size)
+        if pos + n <= first:
+            self._buf, self._buf_at = self.blob.head(), 0
+            return
+        held = b""
+        for buf, at in ((self.blob.head() if pos < first else b"", 0), (self._buf, self._buf_at)):
+            if at <= pos < at + len(buf):
+                held = buf[pos - at :]
+                break
+        start = pos + len(held)
+        stop = min(self.end, max(pos + n, start + CHUNK))
+        self._buf = held + self.blob.read(start, stop - start) if stop > start else held
+        self._buf_at = pos
+
+    def cached(self, offset: int, n: int) -> bytes | None:
+        """``n`` bytes at ``offset`` if the reader holds them already (buffer or head)."""
+        if self.data is not None:
+            return self.data[offset : offset + n] if offset + n <= len(self.data) else None
+        rel = offset - self._buf_at
+        if rel >= 0 and rel + n <= len(self._buf):
+            return self._buf[rel : rel + n]
+        if offset >= 0 and offset + n <= min(HEAD_BLOCK, self.blob.size):
+            return self.blob.head()[offset : offset + n]  # the Blob's cached first block
+        return None
 
     def skip(self, n: int) -> int:
         """Advance over ``n`` bytes without reading them; returns their offset."""
@@ -654,8 +679,10 @@ class Unpickler:
         allow: Mapping[str, Any] | Iterable[str] | None = None,
         encoding: str = "ASCII",
         lazy_min: int | None = LAZY_MIN,
+        max_objects: int | None = None,
     ):
         self.src = _Source(source, offset, end)
+        self.max_objects = MAX_OBJECTS if max_objects is None else max_objects
         self.persistent_load = persistent_load
         self.allow = allow
         self.encoding = encoding
@@ -715,6 +742,8 @@ class Unpickler:
         self.memo: dict[int, Any] = {}
         src = self.src
         u = struct.unpack
+        stack, memo, cap = self.stack, self.memo, self.max_objects
+        ops = 0
         while True:
             op = src.read(1)
             handler = _DISPATCH.get(op)
@@ -723,6 +752,11 @@ class Unpickler:
             if handler is _stop:
                 return self._pop()
             handler(self, src, u)
+            ops += 1
+            if not ops & 1023 and len(stack) + len(memo) > cap:  # each op adds at most one
+                raise _PyUnpicklingError(
+                    f"pickle builds more than {cap} objects (stack + memo) at {src.pos}"
+                )
 
 
 def _stop(self, src, u):  # pragma: no cover - handled in load

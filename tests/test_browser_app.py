@@ -136,7 +136,7 @@ def expect_serials(page: Page, cat: cv.Catalog) -> None:
     rows = page.locator(".ckptview-serials .tabulator-row")
     expect(rows).to_have_count(len(frame), timeout=WAIT)
     for i, status in enumerate(frame["status"]):
-        expect(rows.nth(i).locator(".tabulator-cell").first).to_have_text(
+        expect(rows.nth(i).locator("[tabulator-field=serial]")).to_have_text(
             str(frame["serial"].iloc[i])
         )  # fmt: skip
         expect(rows.nth(i).locator(f".cv-badge.cv-{status}")).to_have_count(1)

@@ -212,33 +212,36 @@ def test_s3_refresh_reads_only_new_serial(s3, proxy):
 def test_s3_retention_failure_part_way_and_restore(s3, proxy):
     fs, bucket = s3["fs"], s3["bucket"]
     root = f"{bucket}/ret-{uuid.uuid4().hex[:6]}"
-    fs.put(f"{corpus_path('paddle/fluid_ckpt')}/", root, recursive=True)
+    fs.put(f"{corpus_path('modern/hf')}/", root, recursive=True)
     cat = open_s3(s3, f"s3://{root}")
     before = {k: v["ETag"] for k, v in fs.find(root, detail=True).items()}
     plan = cat.plan_retention(keep_last=1)
     doomed = sorted(int(s) for s in plan.index[plan["action"] == "delete"])
-    assert doomed == [0, 1] and cat.latest == 2
-    proxy.fail("DELETE", f"{root}/checkpoint_1/__model__/fc_0.w_0", 403, "AccessDenied")
+    assert doomed == [100, 200] and cat.latest == 300
+    stuck = f"{root}/checkpoint-200/model.safetensors"
+    proxy.fail("DELETE", stuck, 403, "AccessDenied")
     with pytest.raises(PermissionError):
         cat.apply_retention(plan)
     fs.invalidate_cache()
     after = {k: v["ETag"] for k, v in fs.find(root, detail=True).items()}
-    for serial in (2, 3):  # kept: latest complete, and an incomplete newer one (save in flight)
-        prefix = f"{root}/checkpoint_{serial}/"
-        assert {k: v for k, v in after.items() if k.startswith(prefix)} == {
-            k: v for k, v in before.items() if k.startswith(prefix)
-        }
-    assert not any(k.startswith(f"{root}/checkpoint_0/") for k in after)
-    assert f"{root}/checkpoint_1/__model__/fc_0.w_0" in after
+    kept = f"{root}/checkpoint-300/"  # the latest complete serial is untouched
+    assert {k: v for k, v in after.items() if k.startswith(kept)} == {
+        k: v for k, v in before.items() if k.startswith(kept)
+    }
+    assert not any(k.startswith(f"{root}/checkpoint-100/") for k in after)
+    assert stuck in after and f"{root}/checkpoint-200/trainer_state.json" not in after
     cat.refresh()
-    assert cat.latest == 2 and not cat.serials.loc[1, "complete"]  # marker went first
+    assert cat.latest == 300 and not cat.serials.loc[200, "complete"]  # marker went first
 
-    proxy.reset()  # retry: plan again, the rest of serial 1 goes
+    proxy.reset()  # retry: plan again, the rest of serial 200 goes
     done = cat.apply_retention(cat.plan_retention(keep_last=1))
-    assert list(done.index) == [1] and list(cat.serials.index) == [2, 3]
+    assert list(done.index) == [200] and list(cat.serials.index) == [300]
 
     target = f"s3://{bucket}/restored-{uuid.uuid4().hex[:6]}"
-    cat.restore(2, to=target, storage_options=storage_options(proxy.endpoint))
+    cat.restore(300, to=target, storage_options=storage_options(proxy.endpoint))
     copy = open_s3(s3, target)
-    assert copy.layout == "paddle-fluid" and copy.latest == 2
-    np.testing.assert_array_equal(copy.read("fc_0.w_0"), cat.read("fc_0.w_0", serial=2))
+    assert copy.layout == "hf-trainer" and copy.latest == 300
+    facts_a, facts_b = facts(cat), facts(copy)
+    pd.testing.assert_frame_equal(facts_a[1], facts_b[1])
+    name = facts_a[1][facts_a[1]["dtype"] == "float32"]["name"].iloc[0]
+    np.testing.assert_array_equal(copy.read(name), cat.read(name, serial=300))

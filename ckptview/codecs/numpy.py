@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import struct
-import zipfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,12 +18,15 @@ import numpy as np
 from ..dtypes import dtype_name
 from ..io import Blob, TruncatedError
 from ..model import Span, VarInfo
+from ._zip import DEFLATED, STORED, ZipEntry, locate, read_directory
+from ._zip import read as zip_read
 from .base import Codec
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER = 1 << 20  # numpy itself refuses headers over 10 000 bytes unless told otherwise
 _LOCAL = struct.Struct("<4s5H3L2H")  # zip local file header (30 bytes)
 _INFLATE_STEP = 64 << 10
+_PEEK = 256  # first bytes of each member read with its local header: the .npy header
 
 
 @dataclass
@@ -159,39 +161,41 @@ class NpzCodec(Codec):
         return head[30 : 30 + n].endswith(b".npy")
 
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
-        with blob.open() as f:
-            try:
-                infos = zipfile.ZipFile(f).infolist()
-            except zipfile.BadZipFile as e:
-                raise ValueError(f"{blob.name}: not a readable zip ({e})") from None
-        return [self._member(blob, info) for info in infos if not info.is_dir()]
+        try:
+            entries = [e for e in read_directory(blob).values() if not e.is_dir()]
+        except TruncatedError:
+            raise
+        except (ValueError, struct.error) as e:
+            raise ValueError(f"{blob.name}: not a readable zip ({e})") from None
+        # every local header with the first bytes of its member (the .npy header), one batch
+        found = locate(blob, entries, peek=_PEEK)
+        return [self._member(blob, e, got) for e, got in zip(entries, found, strict=True)]
 
-    def _member(self, blob: Blob, info: zipfile.ZipInfo) -> VarInfo:
+    def _member(self, blob: Blob, info: ZipEntry, got: tuple[int, bytes] | Exception) -> VarInfo:
         name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
         try:
-            start = _payload_offset(blob, info)
-            if start + info.compress_size > blob.size:
-                raise TruncatedError(f"member {info.filename} runs past the end of the file")
+            if isinstance(got, Exception):
+                raise got
+            start, peeked = got
             if info.flag_bits & 1:
                 raise ValueError("encrypted member")
             if not info.filename.endswith(".npy"):
                 var = VarInfo(name, "object", (), nbytes=info.file_size)
                 var.locator = ("raw", start, info.compress_size, info.compress_type)
                 return var
-            if info.compress_type == zipfile.ZIP_STORED:
-                header = parse_npy_header(
-                    blob.read_upto(start, 128), lambda n: blob.read_upto(start, n)
-                )
+            if info.compress_type == STORED:
+                header = parse_npy_header(peeked, lambda n: _more(blob, start, peeked, n))
                 if header.data_offset + header.nbytes > info.file_size:
                     raise TruncatedError(f"member {info.filename} is shorter than its header says")
                 return npy_var(name, blob.path, header, start + header.data_offset)
-            if info.compress_type != zipfile.ZIP_DEFLATED:
+            if info.compress_type != DEFLATED:
                 raise ValueError(f"zip compression method {info.compress_type} is not supported")
-            prefix = b"".join(_inflate(blob, start, info.compress_size, 0, 256, step=1024))
-            header = parse_npy_header(
-                prefix,
-                lambda n: b"".join(_inflate(blob, start, info.compress_size, 0, n, step=1024)),
-            )
+
+            def inflated(n: int) -> bytes:
+                pieces = _inflate(blob, start, info.compress_size, 0, n, step=1024, first=peeked)
+                return b"".join(pieces)
+
+            header = parse_npy_header(inflated(256), inflated)
             if header.data_offset + header.nbytes > info.file_size:
                 raise TruncatedError(f"member {info.filename} is shorter than its header says")
             var = npy_var(name, blob.path, header, None)
@@ -217,7 +221,7 @@ class NpzCodec(Codec):
             return arr.astype(arr.dtype.newbyteorder("="), copy=False)
         if isinstance(loc, tuple) and loc[0] == "raw":
             _, start, size, method = loc
-            if method == zipfile.ZIP_STORED:
+            if method == STORED:
                 return np.array(blob.read(start, size), dtype=object)
             return np.array(b"".join(_inflate(blob, start, size, 0, var.nbytes)), dtype=object)
         return super().read(blob, var)
@@ -255,9 +259,19 @@ def _checked(blob: Blob, loc: _Member, name: str) -> Iterator[bytes]:
         raise ValueError(f"{name}: CRC-32 mismatch (corrupt compressed member)")
 
 
-def _payload_offset(blob: Blob, info: zipfile.ZipInfo) -> int:
-    """Absolute offset of a member's (compressed) data, from its local file header."""
-    raw = blob.read(info.header_offset, _LOCAL.size)
+def _more(blob: Blob, start: int, peeked: bytes, n: int) -> bytes:
+    """The first ``n`` bytes of a stored member whose first bytes were peeked already."""
+    return (
+        peeked + blob.read_upto(start + len(peeked), n - len(peeked))
+        if n > len(peeked)
+        else peeked[:n]
+    )
+
+
+def _payload_offset(blob: Blob, info) -> int:
+    """Absolute offset of a member's (compressed) data, from its local file header
+    (``info``: a zipfile.ZipInfo or a ZipEntry)."""
+    raw = zip_read(blob, info.header_offset, _LOCAL.size)
     fields = _LOCAL.unpack(raw)
     if fields[0] != b"PK\x03\x04":
         raise ValueError(f"member {info.filename}: bad local header signature")
@@ -266,18 +280,23 @@ def _payload_offset(blob: Blob, info: zipfile.ZipInfo) -> int:
 
 
 def _inflate(
-    blob: Blob, offset: int, size: int, skip: int, want: int, step: int = _INFLATE_STEP
-) -> Iterator[bytes]:
+    blob: Blob, offset: int, size: int, skip: int, want: int, step: int = _INFLATE_STEP,
+    first: bytes = b"",
+) -> Iterator[bytes]:  # fmt: skip
     """Inflate raw-deflate bytes at ``offset``; yield output ``[skip, skip + want)`` in pieces.
 
-    Reads ``step`` compressed bytes at a time and never produces more than asked for.
+    Reads ``step`` compressed bytes at a time and never produces more than asked for;
+    ``first``: compressed bytes at ``offset`` in hand already (not read again).
     """
     d = zlib.decompressobj(-zlib.MAX_WBITS)
-    pos, end = offset, offset + size
+    first = first[:size]
+    pos, end = offset + len(first), offset + size
     to_skip, left = skip, want
     while left > 0:
         if d.unconsumed_tail:
             chunk = d.unconsumed_tail
+        elif first:
+            chunk, first = first, b""
         elif pos < end:
             n = min(step, end - pos)
             chunk = blob.read(pos, n)

@@ -29,6 +29,7 @@ from ..unpickle import (
     flatten,
     torch_persistent_load,
 )
+from ._zip import ZipEntry, locate, read_directory
 from .base import Codec, PartialRead
 
 ZIP_MAGIC = b"PK\x03\x04"
@@ -38,79 +39,23 @@ MAX_LIST = 4096  # lists of numbers longer than this are not shown as variables
 
 
 # -- zip directory ----------------------------------------------------------------------------
-def zip_entries(blob: Blob) -> dict[str, tuple[int, int, int, int]]:
-    """name -> (local header offset, compressed size, size, method) from the central directory."""
-    size = blob.size
-    for want in (1024, 22 + 65535 + 20):  # a short tail first: torch writes no zip comment
-        tail_len = min(size, want)
-        tail = blob.read(size - tail_len, tail_len)
-        at = tail.rfind(b"PK\x05\x06")
-        if at >= 20 or tail_len == size:
-            break
-    if at < 0 or at + 22 > len(tail):
-        raise ValueError("not a zip archive (no end of central directory)")
-    n_total, cd_size, cd_offset = struct.unpack("<HII", tail[at + 10 : at + 20])
-    if 0xFFFF in (n_total,) or 0xFFFFFFFF in (cd_size, cd_offset):
-        loc = at - 20
-        if loc < 0 or tail[loc : loc + 4] != b"PK\x06\x07":
-            raise ValueError("zip64 archive without its locator")
-        (eocd64,) = struct.unpack("<Q", tail[loc + 8 : loc + 16])
-        rec = blob.read(eocd64, 56)
-        if rec[:4] != b"PK\x06\x06":
-            raise ValueError("bad zip64 end of central directory")
-        n_total, cd_size, cd_offset = struct.unpack("<QQQ", rec[32:56])
-    if cd_offset + cd_size > size or n_total > cd_size // 46 + 1:
-        raise TruncatedError(f"zip central directory at {cd_offset}+{cd_size} beyond {size} bytes")
-    cd = blob.read(cd_offset, cd_size)
-    out: dict[str, tuple[int, int, int, int]] = {}
-    pos = 0
-    for _ in range(n_total):
-        if cd[pos : pos + 4] != b"PK\x01\x02" or pos + 46 > len(cd):
-            raise ValueError("corrupt zip central directory")
-        method, csize, usize, nlen, xlen, clen = struct.unpack("<H8xIIHHH", cd[pos + 10 : pos + 34])
-        (offset,) = struct.unpack("<I", cd[pos + 42 : pos + 46])
-        name = cd[pos + 46 : pos + 46 + nlen].decode("utf-8", "replace")
-        extra = cd[pos + 46 + nlen : pos + 46 + nlen + xlen]
-        usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
-        out[name] = (offset, csize, usize, method)
-        pos += 46 + nlen + xlen + clen
-    return out
-
-
-def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
-    i = 0
-    while i + 4 <= len(extra):
-        tag, n = struct.unpack("<HH", extra[i : i + 4])
-        if tag == 1:
-            vals = list(struct.unpack(f"<{n // 8}Q", extra[i + 4 : i + 4 + (n // 8) * 8]))
-            if usize == 0xFFFFFFFF and vals:
-                usize = vals.pop(0)
-            if csize == 0xFFFFFFFF and vals:
-                csize = vals.pop(0)
-            if offset == 0xFFFFFFFF and vals:
-                offset = vals.pop(0)
-        i += 4 + n
-    return usize, csize, offset
+def zip_entries(blob: Blob) -> dict[str, ZipEntry]:
+    """The archive's members from its central directory (see :mod:`._zip`)."""
+    return read_directory(blob)
 
 
 def payload_offsets(blob: Blob, entries: dict, names: list[str]) -> dict[str, tuple[int, int]]:
     """name -> (payload offset, size) of STORED records, from their local headers (one batch)."""
     names = [n for n in names if n in entries]
-    heads = blob.storage.read_ranges(
-        blob.path, [(entries[n][0], entries[n][0] + 30) for n in names]
-    )
+    found = locate(blob, [entries[n] for n in names])
     out = {}
-    for name, head in zip(names, heads, strict=True):
-        offset, csize, usize, method = entries[name]
-        if len(head) < 30 or head[:4] != ZIP_MAGIC:
-            raise ValueError(f"zip record {name}: bad local header")
-        nlen, xlen = struct.unpack("<HH", head[26:30])
-        start = offset + 30 + nlen + xlen
-        if method != 0 or csize != usize:
+    for name, got in zip(names, found, strict=True):
+        e = entries[name]
+        if isinstance(got, Exception):
+            raise got
+        if e.compress_type != 0 or e.compress_size != e.file_size:
             raise ValueError(f"zip record {name} is compressed (torch writes stored records)")
-        if start + usize > blob.size:
-            raise TruncatedError(f"zip record {name} ends beyond the file")
-        out[name] = (start, usize)
+        out[name] = (got[0], e.file_size)
     return out
 
 
@@ -370,7 +315,7 @@ class TorchCodec(Codec):
             keys = u.load()
             if not isinstance(keys, list):
                 raise ValueError("legacy storage key list missing")
-            records = self._legacy_records(blob, u.pos, keys, storages)
+            records = self._legacy_records(u, blob, keys, storages)
         except (TruncatedError, ValueError, EOFError) as e:
             variables_error = f"legacy storage table: {e}"
         variables = self._variables(obj, blob, records, False)
@@ -378,18 +323,25 @@ class TorchCodec(Codec):
             raise PartialRead(variables, variables_error)
         return variables
 
-    def _legacy_records(self, blob: Blob, pos: int, keys: list, storages: dict) -> dict:
-        records, ranges = {}, []
+    def _legacy_records(self, u: Unpickler, blob: Blob, keys: list, storages: dict) -> dict:
+        """Each storage's data range from the table after the pickles: an 8-byte element count
+        then the data, per listed key. Counts the unpickler holds already are not read again."""
+        pos = u.pos
+        records, where = {}, []
         for key in keys:
             st = storages.get(str(key))
             if st is None:
                 raise ValueError(f"storage {key} listed but never referenced")
-            ranges.append((pos, pos + 8))
+            where.append(pos)
             records[str(key)] = (pos + 8, st.nbytes)
             pos += 8 + st.nbytes
             if pos > blob.size:
                 raise TruncatedError(f"storage {key} ends at {pos}, beyond {blob.size} bytes")
-        counts = blob.storage.read_ranges(blob.path, ranges)
+        counts = [u.src.cached(at, 8) for at in where]
+        todo = [i for i, raw in enumerate(counts) if raw is None]
+        got = blob.storage.read_ranges(blob.path, [(where[i], where[i] + 8) for i in todo])
+        for i, raw in zip(todo, got, strict=True):
+            counts[i] = raw
         for key, raw in zip(keys, counts, strict=True):
             (count,) = struct.unpack("<q", raw)
             if count != storages[str(key)].numel:

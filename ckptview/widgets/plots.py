@@ -51,7 +51,9 @@ def timeline(frame: pd.DataFrame, x: str, y: str, ylabel: str, title: str):
         color=hv.dim("status").categorize(STATUS_COLORS, default="#455a64"), size=9,
         tools=["hover"],
     )  # fmt: skip
-    return (curve * points).opts(title=title, ylabel=ylabel, xlabel=x, responsive=True, height=240)
+    return (curve * points).opts(
+        title=title, ylabel=ylabel, xlabel=x, responsive=True, height=240, padding=0.08
+    )
 
 
 def trajectories(series: list[pd.Series], stat: str):

@@ -1,0 +1,233 @@
+"""Zip archives read by ranges: the one zip reader of every zip-based format.
+
+torch.save archives, ``.npz`` and ``.keras`` files all go through here: the end of central
+directory record (zip64 aware) comes from a short read of the file's tail, the central
+directory from one ranged read, and the local headers of the wanted members (with the first
+bytes of their data, when asked) from one batch. Bytes inside the Blob's cached first block
+are served from it, so a small archive costs one read. Nothing here trusts a size field: every
+offset is checked against the file's size before anything is read or allocated.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..io import HEAD_BLOCK, Blob, TruncatedError
+
+STORED, DEFLATED = 0, 8
+LOCAL_MAGIC = b"PK\x03\x04"
+_EOCD = b"PK\x05\x06"
+_EOCD64 = b"PK\x06\x06"
+_LOCATOR64 = b"PK\x06\x07"
+_CENTRAL = b"PK\x01\x02"
+_TAILS = (1024, 22 + 65535 + 20)  # a short tail first: most writers add no archive comment
+
+
+@dataclass(frozen=True)
+class ZipEntry:
+    """One member from the central directory (the ZipInfo fields the codecs use)."""
+
+    filename: str
+    header_offset: int
+    compress_size: int
+    file_size: int
+    compress_type: int
+    CRC: int
+    flag_bits: int
+    name_len: int  # raw length of the name, and of the central extra field: the local
+    extra_len: int  # header usually repeats both, so they size a first read of it
+
+    def is_dir(self) -> bool:
+        return self.filename.endswith("/")
+
+
+class Seen:
+    """Byte ranges of one file read already, for a later reader of the same bytes (the Keras
+    codec's h5py child reads the archive again after its directory was parsed)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, bytes]] = []
+
+    def add(self, at: int, data: bytes) -> None:
+        if data:
+            self.spans.append((at, data))
+
+    def read(self, blob: Blob, start: int, length: int) -> bytes:
+        """``length`` bytes at ``start``: held ones from here, only the gaps from the file."""
+        out, pos, end = bytearray(), start, start + length
+        while pos < end:
+            hit = next(((a, d) for a, d in self.spans if a <= pos < a + len(d)), None)
+            if hit is not None:
+                piece = hit[1][pos - hit[0] : end - hit[0]]
+            else:
+                stop = min((a for a, _ in self.spans if pos < a < end), default=end)
+                piece = blob.read(pos, stop - pos)
+            out += piece
+            pos += len(piece)
+        return bytes(out)
+
+
+def read_ranges(blob: Blob, ranges: list[tuple[int, int]], seen: Seen | None = None) -> list[bytes]:
+    """Bytes ``[a, b)`` for each range: the part in the cached first block from it, the rest
+    in one batch (recorded in ``seen``). TruncatedError for a range outside the file."""
+    size = blob.size
+    first = min(HEAD_BLOCK, size)
+    out: list[bytes] = []
+    todo: list[tuple[int, int]] = []
+    where: list[int] = []
+    for i, (a, b) in enumerate(ranges):
+        if a < 0 or b < a or b > size:
+            raise TruncatedError(f"{blob.name}: needs bytes {a}..{b} but the file has {size}")
+        if a < first:
+            head = blob.head()
+            out.append(head[a : min(b, first)])
+            if b <= first:
+                continue
+            a = first
+        else:
+            out.append(b"")
+        todo.append((a, b))
+        where.append(i)
+    if todo:
+        got = blob.storage.read_ranges(blob.path, todo)
+        for i, (a, b), data in zip(where, todo, got, strict=True):
+            if len(data) < b - a:
+                raise TruncatedError(f"{blob.name}: the file ended while reading it")
+            out[i] += data
+    if seen is not None:
+        for (a, _), data in zip(ranges, out, strict=True):
+            seen.add(a, data)
+    return out
+
+
+def read(blob: Blob, offset: int, length: int, seen: Seen | None = None) -> bytes:
+    """``length`` bytes at ``offset``, from the cached first block where they lie in it."""
+    return read_ranges(blob, [(offset, offset + length)], seen)[0]
+
+
+def read_directory(blob: Blob, seen: Seen | None = None) -> dict[str, ZipEntry]:
+    """The members of a zip archive, in directory order (a repeated name: the last one)."""
+    size = blob.size
+    if size < 22:
+        raise ValueError(f"{blob.name}: not a zip archive (too short)")
+    tail, at = b"", -1
+    for want in _TAILS:
+        n = min(size, want)
+        tail = read(blob, size - n, n - len(tail), seen) + tail  # only the bytes not read yet
+        at = tail.rfind(_EOCD)
+        if at >= 20 or n == size:
+            break
+    if at < 0 or at + 22 > len(tail):
+        raise ValueError(f"{blob.name}: not a zip archive (no end of central directory)")
+    tail_at = size - len(tail)
+    eocd_pos = tail_at + at
+    n_total, cd_size, cd_offset = struct.unpack_from("<HII", tail, at + 10)
+    loc = at - 20
+    has_locator = loc >= 0 and tail[loc : loc + 4] == _LOCATOR64
+    if has_locator or n_total == 0xFFFF or 0xFFFFFFFF in (cd_size, cd_offset):
+        if not has_locator:
+            raise ValueError(f"{blob.name}: zip64 archive without its locator")
+        (eocd_pos,) = struct.unpack_from("<Q", tail, loc + 8)
+        if eocd_pos + 56 > tail_at + loc:
+            raise ValueError(f"{blob.name}: bad zip64 end of central directory offset")
+        if eocd_pos >= tail_at:
+            rec = tail[eocd_pos - tail_at : eocd_pos - tail_at + 56]
+        else:
+            rec = read(blob, eocd_pos, 56, seen)
+        if rec[:4] != _EOCD64:
+            raise ValueError(f"{blob.name}: bad zip64 end of central directory")
+        wide = struct.unpack_from("<QQQ", rec, 32)
+        for short, full, cap in zip(
+            (n_total, cd_size, cd_offset), wide, (0xFFFF, *[0xFFFFFFFF] * 2)
+        ):
+            if short not in (cap, full):  # a saturated field defers to zip64; others agree
+                raise ValueError(f"{blob.name}: zip and zip64 end records disagree")
+        n_total, cd_size, cd_offset = wide
+    # bytes prepended to the archive (self-extracting stubs) shift every offset, as zipfile
+    concat = eocd_pos - cd_size - cd_offset
+    if concat < 0 or n_total > cd_size // 46 + 1:
+        raise TruncatedError(
+            f"{blob.name}: zip central directory at {cd_offset}+{cd_size} beyond {eocd_pos}"
+        )
+    cd_start = cd_offset + concat
+    if cd_start >= tail_at:  # the directory is in the tail already read
+        cd = tail[cd_start - tail_at : cd_start - tail_at + cd_size]
+    elif cd_start + cd_size > tail_at:
+        cd = read(blob, cd_start, tail_at - cd_start, seen) + tail[: cd_start + cd_size - tail_at]
+    else:
+        cd = read(blob, cd_start, cd_size, seen)
+    out: dict[str, ZipEntry] = {}
+    pos = 0
+    for _ in range(n_total):
+        if pos + 46 > len(cd) or cd[pos : pos + 4] != _CENTRAL:
+            raise ValueError(f"{blob.name}: corrupt zip central directory")
+        flags, method, crc, csize, usize, nlen, xlen, clen = struct.unpack_from(
+            "<HH4xIIIHHH", cd, pos + 8
+        )
+        (offset,) = struct.unpack_from("<I", cd, pos + 42)
+        if pos + 46 + nlen + xlen + clen > len(cd):
+            raise ValueError(f"{blob.name}: corrupt zip central directory")
+        raw = cd[pos + 46 : pos + 46 + nlen]
+        name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+        extra = cd[pos + 46 + nlen : pos + 46 + nlen + xlen]
+        usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
+        out[name] = ZipEntry(name, offset + concat, csize, usize, method, crc, flags, nlen, xlen)
+        pos += 46 + nlen + xlen + clen
+    return out
+
+
+def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
+    i = 0
+    while i + 4 <= len(extra):
+        tag, n = struct.unpack_from("<HH", extra, i)
+        if tag == 1:
+            body = extra[i + 4 : i + 4 + n]
+            vals = list(struct.unpack(f"<{len(body) // 8}Q", body[: len(body) // 8 * 8]))
+            if usize == 0xFFFFFFFF and vals:
+                usize = vals.pop(0)
+            if csize == 0xFFFFFFFF and vals:
+                csize = vals.pop(0)
+            if offset == 0xFFFFFFFF and vals:
+                offset = vals.pop(0)
+        i += 4 + n
+    return usize, csize, offset
+
+
+def locate(
+    blob: Blob, entries: list[ZipEntry], peek: int = 0
+) -> list[tuple[int, bytes] | Exception]:
+    """Per member: (offset of its stored bytes, their first ``min(peek, compress_size)``
+    bytes), from its local header, or the exception saying why it cannot be located.
+
+    All local headers (and peeks) come in one batch; a local extra field longer than the
+    central one costs a second batch for the missing peeks only.
+    """
+    size = blob.size
+    ranges = []
+    for e in entries:
+        want = 30 + (e.name_len + e.extra_len + min(peek, e.compress_size) if peek else 0)
+        ranges.append((e.header_offset, min(e.header_offset + want, size)))
+    got = read_ranges(blob, [(a, max(a, b)) for a, b in ranges], seen) if ranges else []
+    out: list[tuple[int, bytes] | Exception] = []
+    missing: list[tuple[int, int, int]] = []  # (index, start, end) of peeks to complete
+    for i, (e, data) in enumerate(zip(entries, got, strict=True)):
+        if len(data) < 30 or data[:4] != LOCAL_MAGIC:
+            out.append(ValueError(f"zip member {e.filename}: bad local header"))
+            continue
+        nlen, xlen = struct.unpack_from("<HH", data, 26)
+        start = e.header_offset + 30 + nlen + xlen
+        if start + e.compress_size > size:
+            out.append(TruncatedError(f"zip member {e.filename} runs past the end of the file"))
+            continue
+        want = min(peek, e.compress_size)
+        have = data[30 + nlen + xlen : 30 + nlen + xlen + want]
+        out.append((start, have))
+        if len(have) < want:
+            missing.append((i, start + len(have), start + want))
+    if missing:
+        more = read_ranges(blob, [(a, b) for _, a, b in missing], seen)
+        for (i, _, _), data in zip(missing, more, strict=True):
+            start, have = out[i]  # type: ignore[misc]
+            out[i] = (start, have + data)
+    return out
