@@ -129,7 +129,7 @@ class Catalog:
             if self._results is None:
                 jobs = [(s.serial, ref) for s in self.scan.serials for ref in s.files]
                 self._results = self._run(jobs)
-                self._build_index()
+                self._index = {}  # built on the first read (_resolve): costly at 1e6 rows
             return self._results
 
     def _run(self, jobs: list[tuple[int, FileRef]]) -> list[FileResult]:
@@ -163,20 +163,22 @@ class Catalog:
             return self._tables["variables"]
 
     def _variables_table(self) -> pd.DataFrame:
+        from .dtypes import itemsize
+
         rows = []
+        append = rows.append  # hot loop: a million rows on big trees (tests/test_scale.py)
         for res in self._file_results():
             url = self.storage.url(res.ref.path)
+            ref, serial, node, ref_kind = res.ref, res.serial, res.ref.node, res.ref.kind
             for var in res.variables:
-                name = var_name(res.ref, var)
+                name = var_name(ref, var)
                 numel = var.numel
                 nbytes = var.nbytes
                 if nbytes is None:
-                    from .dtypes import itemsize
-
                     nbytes = numel * itemsize(var.dtype) if var.dtype != "object" else 0
-                rows.append(
-                    (res.serial, res.ref.node, name, var.kind or res.ref.kind or guess_kind(name),
-                     var.dtype, tuple(int(d) for d in var.shape), numel, int(nbytes), url, var.error)
+                append(
+                    (serial, node, name, var.kind or ref_kind or guess_kind(name),
+                     var.dtype, tuple(map(int, var.shape)), numel, int(nbytes), url, var.error)
                 )  # fmt: skip
             if res.error:
                 rows.append(
@@ -298,6 +300,9 @@ class Catalog:
     # -- values ---------------------------------------------------------------------
     def _resolve(self, name: str, serial: int | None, node: str | None) -> tuple[VarInfo, FileResult]:
         self._file_results()
+        with self._lock:
+            if not self._index and self._results:
+                self._build_index()
         if serial is None:
             serial = self.latest
             if serial is None:

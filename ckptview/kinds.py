@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _RULES: list[tuple[str, re.Pattern]] = [
     ("rng", re.compile(r"(^|/)(rng|rng_state|random|torch_rng|cuda_rng|python_rng|numpy_rng)", re.I)),
@@ -21,6 +22,7 @@ _RULES: list[tuple[str, re.Pattern]] = [
 ]
 
 
+@lru_cache(maxsize=1 << 16)  # names repeat across serials: 1e6 rows, 1e3 distinct names
 def guess_kind(name: str) -> str:
     """The kind of a variable from its (prefixed) name; ``model`` when nothing else fits."""
     for kind, pattern in _RULES:

@@ -154,3 +154,51 @@ def test_missing_h5py_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "h5py", None)
     df = _one_file(corpus_path(KERAS, "w.weights.h5")).variables
     assert len(df) == 1 and "ckptview[keras]" in df.loc[0, "error"]
+
+
+CRASH_SCRIPT = """
+import fsspec
+from ckptview.catalog import list_file
+from ckptview.io import Storage
+from ckptview.model import FileRef
+res = list_file(Storage(fsspec.filesystem("file")), 0, FileRef({path!r}))
+print("ERROR:", res.error)
+"""
+
+
+def test_libhdf5_crash_becomes_an_error_row(tmp_path):
+    """A mutation that crashes libhdf5 2.0.0 (h5py 3.16) in H5Aread: h5py runs in a child
+    process, so the file is an error row and the scan (this process) goes on."""
+    import subprocess
+
+    buf = bytearray(corpus_path(KERAS, "w.weights.h5").read_bytes())
+    for pos, value in ((10603, 87), (2762, 116), (201, 102), (8841, 118)):
+        buf[pos] = value
+    path = tmp_path / "w.weights.h5"
+    path.write_bytes(bytes(buf))
+    proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT.format(path=str(path))],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert "ERROR: " in proc.stdout and "ERROR: None" not in proc.stdout
+    # and in this process: the error row, then a fresh child serves the next file
+    (tmp_path / "ok.weights.h5").write_bytes(corpus_path(KERAS, "w.weights.h5").read_bytes())
+    df = cv.open(tmp_path, cache=False).variables
+    bad = df[df["file"].str.endswith("/w.weights.h5")]
+    good = df[df["file"].str.endswith("ok.weights.h5")]
+    assert len(bad) == 1 and "HDF5 library crashed reading this file" in bad["error"].iloc[0]
+    assert len(good) == 4 and good["error"].isna().all()
+    assert cv.open(tmp_path / "ok.weights.h5").read("layers/dense/vars/0").shape == (4, 8)
+
+
+def test_hdf5_child_serves_reads_through_the_blob(tmp_path):
+    """Compressed datasets are read by the child; its reads are counted in this process."""
+    path = tmp_path / "z.weights.h5"
+    values = np.arange(5000, dtype="<f4")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("layers/z/vars/0", data=values, compression="gzip")
+    cat = cv.open(path, cache=False)
+    assert cat.variable("layers/z/vars/0").span is None
+    listed = cat.storage.counters.bytes_read
+    assert 0 < listed <= path.stat().st_size
+    np.testing.assert_array_equal(cat.read("layers/z/vars/0"), values)
+    assert cat.storage.counters.bytes_read > listed

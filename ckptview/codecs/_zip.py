@@ -195,7 +195,7 @@ def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int
 
 
 def locate(
-    blob: Blob, entries: list[ZipEntry], peek: int = 0
+    blob: Blob, entries: list[ZipEntry], peek: int = 0, seen: Seen | None = None
 ) -> list[tuple[int, bytes] | Exception]:
     """Per member: (offset of its stored bytes, their first ``min(peek, compress_size)``
     bytes), from its local header, or the exception saying why it cannot be located.

@@ -31,7 +31,7 @@ from ..io import HEAD_BLOCK, Blob
 from ..kinds import guess_kind
 from ..model import Span, VarInfo
 from . import _h5worker as wire
-from ._zip import STORED, locate, read_directory
+from ._zip import STORED, Seen, locate, read_directory
 from .base import Codec
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -113,8 +113,9 @@ class _Worker:
             raise TimeoutError(f"HDF5 library gave no answer in {CHILD_TIMEOUT:.0f} s")
         return wire.recv(proc.stdout)
 
-    def call(self, blob: Blob, *request):
-        """Run ``request`` in the child; its reads of the file are served from ``blob``."""
+    def call(self, blob: Blob, seen: Seen, *request):
+        """Run ``request`` in the child; its reads of the file are served from ``blob``
+        (bytes in ``seen`` or the cached head are not read again)."""
         with self._lock:
             proc = self._proc
             if proc is None or proc.poll() is not None:
@@ -127,15 +128,19 @@ class _Worker:
                     if msg[0] != "fetch":
                         break
                     try:
-                        reply = ("data", _block(blob, msg[1], msg[2]))
+                        reply = ("data", _block(blob, seen, msg[1], msg[2]))
                     except Exception as e:  # noqa: BLE001 - the child raises it inside h5py
                         reply = ("fail", f"{type(e).__name__}: {e}")
                     wire.send(self._w, reply)
             except (EOFError, OSError, ValueError) as e:
-                code = proc.poll()
-                self.stop()
                 if isinstance(e, TimeoutError):
+                    self.stop()
                     raise HDF5CrashError(f"HDF5 library hung reading this file ({e})") from None
+                try:
+                    code = proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    code = None
+                self.stop()
                 how = f"exit code {code}" if code is not None else type(e).__name__
                 raise HDF5CrashError(f"HDF5 library crashed reading this file ({how})") from None
             except BaseException:  # a timeout, an interrupt: the child's state is unknown
@@ -146,10 +151,10 @@ class _Worker:
         raise _rebuild(msg[1], msg[2])
 
 
-def _block(blob: Blob, start: int, length: int) -> bytes:
+def _block(blob: Blob, seen: Seen, start: int, length: int) -> bytes:
     if start == 0 and length <= HEAD_BLOCK:
         return blob.head()[:length]
-    return blob.read(start, length)
+    return seen.read(blob, start, length)
 
 
 _KEEP = (ValueError, KeyError, IndexError, OSError, EOFError, NotImplementedError,
@@ -185,17 +190,16 @@ class KerasCodec(Codec):
             return head.startswith(ZIP_MAGIC)
         return head.startswith(HDF5_MAGIC) or name.endswith((".weights.h5", ".hdf5"))
 
-    def _members(self, blob: Blob) -> list[tuple]:
+    def _members(self, blob: Blob, seen: Seen) -> list[tuple]:
         """``(zip member or None, data start, compressed size, size, method)`` per HDF5 file."""
         if not blob.name.lower().endswith(".keras") and blob.head(4) != ZIP_MAGIC:
             return [(None, 0, blob.size, blob.size, STORED)]
-        entries = [
-            e for e in read_directory(blob).values() if e.filename.endswith((".h5", ".hdf5"))
-        ]
+        found = read_directory(blob, seen).values()
+        entries = [e for e in found if e.filename.endswith((".h5", ".hdf5"))]
         if not entries:
             raise ValueError(f"{blob.name}: a .keras archive without a weights .h5 member")
         out = []
-        for e, got in zip(entries, locate(blob, entries), strict=True):
+        for e, got in zip(entries, locate(blob, entries, seen=seen), strict=True):
             if isinstance(got, Exception):
                 raise got
             if e.flag_bits & 1:
@@ -207,8 +211,9 @@ class KerasCodec(Codec):
 
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
         _h5py()  # the install hint, here rather than from the child
-        members = self._members(blob)
-        rows = _WORKER.call(blob, "list", blob.size, members)
+        seen = Seen()  # the zip directory's bytes: the child's reads reuse them
+        members = self._members(blob, seen)
+        rows = _WORKER.call(blob, seen, "list", blob.size, members)
         out = []
         for row in rows:
             try:
@@ -224,7 +229,7 @@ class KerasCodec(Codec):
             return super().read(blob, var)
         loc: _Dataset = var.locator
         _h5py()
-        arr = _WORKER.call(blob, "read", blob.size, loc.member, loc.path, var.numel)
+        arr = _WORKER.call(blob, Seen(), "read", blob.size, loc.member, loc.path, var.numel)
         return _convert(np.asarray(arr), var.dtype)
 
 
