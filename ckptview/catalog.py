@@ -23,7 +23,10 @@ SERIAL_COLUMNS = [
 ]  # fmt: skip
 VARIABLE_COLUMNS = [
     "serial", "node", "name", "kind", "dtype", "shape", "numel", "nbytes", "file", "error",
+    "alias",
 ]  # fmt: skip
+#: VarInfo.attrs keys that give a variable's other name (TF object-graph path, Paddle param)
+ALIAS_ATTRS = ("full_name", "param_name")
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -176,17 +179,21 @@ class Catalog:
                 nbytes = var.nbytes
                 if nbytes is None:
                     nbytes = numel * itemsize(var.dtype) if var.dtype != "object" else 0
+                attrs = var.attrs
+                alias = next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None) if attrs else None
                 append(
                     (serial, node, name, var.kind or ref_kind or guess_kind(name),
-                     var.dtype, tuple(map(int, var.shape)), numel, int(nbytes), url, var.error)
+                     var.dtype, tuple(map(int, var.shape)), numel, int(nbytes), url, var.error,
+                     alias)
                 )  # fmt: skip
             if res.error:
                 rows.append(
                     (res.serial, res.ref.node, _file_row_name(res.ref), "other", "object", (),
-                     0, 0, url, res.error)
+                     0, 0, url, res.error, None)
                 )  # fmt: skip
         df = pd.DataFrame(rows, columns=VARIABLE_COLUMNS)
         df["error"] = _none_or_str(df["error"])
+        df["alias"] = _none_or_str(df["alias"])
         return df.astype({"serial": "int64", "numel": "int64", "nbytes": "int64"})
 
     @property

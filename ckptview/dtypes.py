@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 try:  # ml_dtypes registers bfloat16/float8 with numpy
@@ -53,7 +55,12 @@ def np_dtype(name: str | np.dtype) -> np.dtype:
     """The numpy dtype for a ckptview dtype name (``bfloat16`` and float8 via ml_dtypes)."""
     if isinstance(name, np.dtype):
         return name
-    key = ALIASES.get(str(name).lower(), str(name))
+    return _np_dtype(str(name))
+
+
+@lru_cache(maxsize=1024)  # called per variable by codecs: millions of times on big trees
+def _np_dtype(name: str) -> np.dtype:
+    key = ALIASES.get(name.lower(), name)
     if key in ML_DTYPE_NAMES:
         if _ml is None:
             raise TypeError(f"dtype {key} needs the ml_dtypes package")

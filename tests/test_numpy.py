@@ -157,3 +157,23 @@ def test_corrupt_deflate_stream(tmp_path):
         cat.read("a")
     with pytest.raises(ValueError, match="CRC|deflate|ends early"):
         list(cat.iter_chunks("a", max_bytes=64))
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_npz_listing_reads_each_byte_once(tmp_path, compressed):
+    """The zip directory is parsed from ranged reads (no zipfile): a small archive costs its
+    cached head only, a big one its tail, directory and the members' first bytes."""
+    small, big = tmp_path / "small.npz", tmp_path / "big.npz"
+    save = np.savez_compressed if compressed else np.savez
+    save(small, a=np.arange(10.0), b=np.ones((2, 3), dtype=">i4"))
+    rng = np.random.default_rng(0)
+    save(big, **{f"w{i}": rng.standard_normal(20_000).astype("<f4") for i in range(8)})
+    for path in (small, big):
+        cat = cv.open(str(path), cache=False)
+        assert cat.variables["error"].isna().all()
+        got = cat.storage.counters.bytes_read
+        assert got <= path.stat().st_size
+        if path is big:
+            assert got < 16 << 10, got
+    cat = cv.open(str(small), cache=False)
+    np.testing.assert_array_equal(cat.read("b"), np.ones((2, 3)))

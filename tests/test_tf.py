@@ -131,7 +131,7 @@ def test_object_graph_names():
     assert kinds["save_counter/.ATTRIBUTES/VARIABLE_VALUE"] == "trainer"
 
 
-def test_catalog_reads_only_the_index(monkeypatch):
+def test_catalog_reads_the_index_and_only_the_object_graph(monkeypatch):
     seen: list[tuple[str, int]] = []
     original = Storage.read_range
 
@@ -145,9 +145,11 @@ def test_catalog_reads_only_the_index(monkeypatch):
     cat = cv.open(root)
     assert len(cat.variables) == 7 and len(cat.serials) == 1
     index = root / "ckpt-7.index"
-    assert not [p for p, _ in seen if ".data-" in p]
+    # from the data shards: one read, of exactly the object graph's bytes (readable names)
+    graph = cat.variable("_CHECKPOINTABLE_OBJECT_GRAPH").locator.span  # a string tensor
+    assert [(p, n) for p, n in seen if ".data-" in p] == [(graph.path, graph.length)]
     assert [n for p, n in seen if p == str(index)] == [index.stat().st_size]  # one request
-    assert {p for p, _ in seen} == {str(index), str(root / "checkpoint")}
+    assert {p for p, _ in seen if ".data-" not in p} == {str(index), str(root / "checkpoint")}
 
 
 # -- a hand-built bundle: SSTable writer for odd and hostile input -------------------------------

@@ -152,3 +152,11 @@ def test_view_beyond_its_storage_is_an_error_row(tmp_path):
         z.writestr("v/data/0", raw)
     cat = cv.open(str(tmp_path / "v.pt"))
     assert "beyond storage" in cat.variables.set_index("name").loc["w", "error"]
+
+
+def test_legacy_listing_reads_each_byte_once():
+    """The unpickler reuses the cached head and its read-ahead (the storage table too)."""
+    path = corpus_path("modern", "torch/run_legacy/step_100.pt")
+    cat = cv.open(str(path), cache=False)
+    assert cat.variables["error"].isna().all()
+    assert cat.storage.counters.bytes_read <= path.stat().st_size

@@ -186,3 +186,29 @@ def test_allow_adds_record_classes():
         load_pickle(data)
     rec = load_pickle(data, allow=["mylib."])
     assert isinstance(rec, Record) and rec.cls == "mylib.conf.Config" and rec.lr == 0.1
+
+
+def test_object_count_is_capped():
+    """Millions of DUP/MEMOIZE opcodes cannot build an enormous memo or stack."""
+    from ckptview import unpickle
+
+    assert unpickle.MAX_OBJECTS == 10_000_000
+    memo_bomb = b"\x80\x04N" + b"\x94" * 50_000 + b"."  # MEMOIZE: one memo entry each
+    stack_bomb = b"\x80\x04N" + b"2" * 50_000 + b"."  # DUP: one stack entry each
+    for data in (memo_bomb, stack_bomb):
+        with pytest.raises(pickle.UnpicklingError, match="more than 10000 objects"):
+            unpickle.Unpickler(data, max_objects=10_000).load()
+        assert unpickle.Unpickler(data).load() is None  # under the default cap
+
+
+def test_blob_reader_reads_no_byte_twice(tmp_path):
+    """Reads crossing the cached head, text lines and re-reads are served from held bytes."""
+    obj = {f"key_{i}": [f"v{i}" * 3, i, float(i)] for i in range(600)}
+    data = pickle.dumps(obj, protocol=0)  # text lines: the reader backs up after each one
+    assert len(data) > 3 * 4096
+    path = tmp_path / "p.pkl"
+    path.write_bytes(data)
+    storage, _ = Storage.from_url(str(tmp_path))
+    blob = storage.blob(str(path))
+    assert load_pickle(blob) == obj
+    assert storage.counters.bytes_read == len(data)

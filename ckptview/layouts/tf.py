@@ -170,7 +170,7 @@ class TFLayout(Layout):
                         tree.abs(p.index),
                         prefix=posixpath.basename(p.prefix) if many else "",
                         codec="tf",
-                        hints={"data_sizes": data_sizes},
+                        hints={"data_sizes": data_sizes, "object_graph": True},
                         size=tree.size(p.index),
                     )
                 )
