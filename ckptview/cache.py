@@ -229,10 +229,20 @@ def list_job(storage, serial: int, ref, origin: tuple[str, int]):
     return res, delta
 
 
-def run_listings(storage, tree, jobs: list, executor, cache: HeaderCache | None) -> list:
+def run_listings(storage, tree, jobs: list, executor, cache: HeaderCache | None,
+                 progress=None) -> list:  # fmt: skip
     """``FileResult`` per ``(serial, FileRef)`` job: cached ones from ``cache``, the rest listed
-    concurrently on ``executor`` (any ``concurrent.futures.Executor``, Dask's included)."""
+    concurrently on ``executor`` (any ``concurrent.futures.Executor``, Dask's included).
+    ``progress(done, total)`` is called once per file listed (cache hits included)."""
     from .catalog import FileResult, list_file
+
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(jobs))
 
     out: list = [None] * len(jobs)
     keys: list[str | None] = [None] * len(jobs)
@@ -243,11 +253,13 @@ def run_listings(storage, tree, jobs: list, executor, cache: HeaderCache | None)
             hit = cache.get(keys[i])
             if hit is not None:
                 out[i] = FileResult(serial, ref, *hit)
+                tick()
                 continue
         todo.append(i)
     if len(todo) == 1 or (todo and executor is None):
         for i in todo:
             out[i] = list_file(storage, *jobs[i])
+            tick()
     elif todo:
         origin = _origin()
         futures = [(i, executor.submit(list_job, storage, *jobs[i], origin)) for i in todo]
@@ -259,6 +271,7 @@ def run_listings(storage, tree, jobs: list, executor, cache: HeaderCache | None)
                     storage.counters.bytes_read += delta[0]
                     storage.counters.requests += delta[1]
             out[i] = res
+            tick()
     if cache is not None:
         for i in todo:
             res = out[i]

@@ -89,10 +89,13 @@ def _message(e: BaseException) -> str:
 class Catalog:
     """A checkpoint tree's serials, variables and metrics (see DESIGN.md §3)."""
 
-    def __init__(self, tree: Tree, layout, executor: Executor | None = None, cache=None):
+    def __init__(self, tree: Tree, layout, executor: Executor | None = None, cache=None,
+                 progress=None):  # fmt: skip
         from .cache import resolve
 
         self.tree = tree
+        #: ``progress(done, total)``: called per file as a scan lists headers (a UI hook)
+        self.progress = progress
         self.storage = tree.storage
         self._layout = layout
         self.executor = executor
@@ -140,11 +143,11 @@ class Catalog:
         from .cache import run_listings
 
         ex = self.executor or default_executor()
-        return run_listings(self.storage, self.tree, jobs, ex, self.cache)
+        return run_listings(self.storage, self.tree, jobs, ex, self.cache, self.progress)
 
     def __getstate__(self) -> dict:  # picklable for process executors (Dask diff/stats jobs)
         state = self.__dict__.copy()
-        state.update(_lock=None, executor=None, _tables={})
+        state.update(_lock=None, executor=None, _tables={}, progress=None)
         return state
 
     def __setstate__(self, state: dict) -> None:

@@ -9,10 +9,43 @@ Lock: created with exclusive create (``open(..., "xb")``) holding pid, host, tim
 token. A lock is *stale* when its host is this host and its pid is gone; a stale lock is
 broken (and journaled). A lock from another host or a live pid refuses the change with
 :class:`TreeLockedError`; ``break_lock`` (CLI ``--break-lock``) removes it by hand.
+
+Recovery (:func:`recover`, CLI ``ckptview journal URL --recover --yes``): an operation with a
+``begin`` and no ``end`` was cut short (a crash, a kill, a failure whose own clean-up did
+not finish). Each ``begin`` carries the whole plan, so recovery knows every path the
+operation meant to touch: an interrupted restore is rolled back (the files it created are
+removed; restore never overwrites, so nothing that existed before is touched, and never a
+file of a complete serial other than the one being restored) unless its last step (the
+commit: final marker, rename into place, pointer) took effect, in which case it is finished
+and kept; an interrupted retention finishes deleting the serial it had started on (already
+incomplete, its markers went first) and leaves a serial it had not touched yet. Leftovers in
+``.ckptview/tmp/`` are removed. What recovery does is journaled like any change.
+:func:`status` summarizes the journal per operation.
+
+Object stores (S3, GCS, Azure, memory://) - what is and is not atomic there:
+
+* A single object PUT is atomic: an object is never seen half-written, so files written
+  whole (journal rewrites, markers, pointer/state files, ``.ckptview/tmp`` copies) are safe.
+* Rename is *not* atomic: fsspec's ``mv`` is copy-then-delete per object, so a directory
+  "rename into place" can be seen half-done. Layouts whose frameworks rely on rename (Orbax
+  on GCS) switch staging off there (``Layout.staging_for``) and write commit markers last
+  instead; a crash mid-``mv`` leaves objects in both places, which :func:`recover` cleans up.
+* Append is not supported: each journal record rewrites the journal object (read, then
+  write). Two writers could lose a record - the lock keeps writers apart.
+* The lock: s3fs (>= 2024.12, botocore > 1.35.20) implements ``"xb"`` as a conditional PUT
+  (``If-None-Match: *``), which AWS S3 (and moto) honor: taking the lock is then atomic; a
+  lost race comes back as HTTP 412 (an ``OSError``) which we report as the lock being held.
+  Stores or versions without exclusive create raise ``NotImplementedError``/``ValueError``
+  for ``"xb"``: we fall back to check-then-write, which is *not* atomic (two processes
+  starting within the same round trip may both believe they hold the lock; the token in the
+  lock file lets each detect the loss only at release). Run one writer per tree there.
+* Staleness uses pid + host; on an object store a lock from another host is never judged
+  stale: remove it with ``--break-lock`` once you know its process is gone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -48,6 +81,7 @@ class Journal:
         self.path = _join(root, f"{META_DIR}/journal.jsonl")
         self.op_id = uuid.uuid4().hex[:12]
         self._dir_made = False
+        self._check_tail = True  # a torn last line (a crash mid-append) gets a newline first
 
     def write(self, event: str, **fields) -> None:
         record = {"time": _now(), "op_id": self.op_id, "event": event, **fields}
@@ -55,6 +89,9 @@ class Journal:
         if not self._dir_made:
             self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
             self._dir_made = True
+        if self._check_tail:
+            line = self._after_torn_line() + line
+        self._check_tail = True
         try:
             with self.fs.open(self.path, "ab") as f:
                 f.write(line)
@@ -62,6 +99,17 @@ class Journal:
             old = self.fs.cat_file(self.path) if self.fs.exists(self.path) else b""
             with self.fs.open(self.path, "wb") as f:
                 f.write(old + line)
+        self._check_tail = False
+
+    def _after_torn_line(self) -> bytes:
+        try:
+            size = self.fs.size(self.path)
+            if not size:
+                return b""
+            last = self.fs.cat_file(self.path, start=size - 1, end=size)
+        except (FileNotFoundError, OSError):
+            return b""
+        return b"" if last == b"\n" else b"\n"
 
     def records(self) -> list[dict]:
         return read_journal(self.fs, self.path)
@@ -127,6 +175,13 @@ class TreeLock:
         try:
             with self.fs.open(self.path, "xb") as f:
                 f.write(self._payload())
+        except FileExistsError:
+            raise
+        except OSError:  # s3fs: a conditional PUT that lost the race fails with HTTP 412
+            self.fs.invalidate_cache(self.path)
+            if self.fs.exists(self.path):
+                raise FileExistsError(self.path) from None
+            raise
         except (NotImplementedError, ValueError):  # no exclusive create: check, then write
             if self.fs.exists(self.path):
                 raise FileExistsError(self.path) from None
@@ -179,6 +234,10 @@ def describe(op: Op) -> dict:
         out["nbytes"] = op.nbytes
     if op.note:
         out["note"] = op.note
+    if op.replace:
+        out["replace"] = True
+    if op.kind == "write":  # lets recovery tell whether the write took effect
+        out["sha256"] = hashlib.sha256(op.data or b"").hexdigest()
     return out
 
 

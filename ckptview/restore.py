@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .io import Storage
-from .journal import Journal, OpRunner, TreeLock
+from .journal import Journal, OpRunner, TreeLock, describe
 from .layouts.base import Op
 from .model import SerialInfo
 
@@ -109,7 +109,8 @@ def run_change(cat, fs, root: str, ops: list[Op], result: RestoreResult,
     journal = Journal(fs, root)
     with TreeLock(fs, root, f"restore {result.serial}"):
         journal.write("begin", action="restore", serial=result.serial, source=cat.url,
-                      target=result.target, steps=len(ops))  # fmt: skip
+                      target=result.target, new_serial=result.new_serial, steps=len(ops),
+                      plan=[describe(o) for o in ops])  # fmt: skip
         runner = OpRunner(fs, root, src_fs=cat.storage.fs, journal=journal, progress=progress)
         runner.run(ops, rollback=True)
         journal.write("end", action="restore", serial=result.serial, new_serial=result.new_serial)

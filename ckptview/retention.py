@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 
-from .journal import META_DIR, Journal, OpRunner, TreeLock
+from .journal import META_DIR, Journal, OpRunner, TreeLock, describe
 from .layouts.base import Op
 from .restore import serial_info
 
@@ -292,7 +292,8 @@ def apply_retention(cat, plan: pd.DataFrame,
         try:
             for s in doomed:
                 ops = layout.delete_ops(tree, scan, serial_info(cat, s))
-                journal.write("serial", action="delete", serial=s, steps=len(ops))
+                journal.write("serial", action="delete", serial=s, steps=len(ops),
+                              plan=[describe(o) for o in ops])  # fmt: skip
                 OpRunner(fs, root, journal=journal).run(ops)
                 deleted.append(
                     (s, cat.serials.loc[s, "path"], int(plan.loc[s, "nbytes"]), len(ops))

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -25,7 +26,7 @@ from ckptview.widgets._format import fmt_number, serials_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = Path(os.environ.get("CKPTVIEW_APP", ROOT / "app" / "ckptview_app.py"))
-SHOTS = ROOT / "test-results"
+SHOTS = Path(os.environ.get("CKPTVIEW_SHOTS", Path(tempfile.gettempdir()) / "ckptview-shots"))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip

@@ -12,12 +12,40 @@ def add_open_args(p) -> None:
     p.add_argument("url", help="checkpoint tree: a directory, file or any fsspec URL")
     p.add_argument("--layout", help="force a layout by name (default: detect)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_progress_args(p)
 
 
-def open_tree(args):
+def add_progress_args(p) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", action="store_true",
+                   help="show progress bars on stderr even when it is not a terminal")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")  # fmt: skip
+
+
+def open_tree(args, url: str | None = None, layout: str | None = None):
+    """Open ``url`` (default ``args.url``) with a scan progress bar per ``args``."""
     import ckptview as cv
 
-    return cv.open(args.url, layout=getattr(args, "layout", None))
+    layout = layout if url is not None else getattr(args, "layout", None)
+    return cv.open(url or args.url, layout=layout, progress=ScanBar(args))
+
+
+class ScanBar:
+    """A ``progress(done, total)`` callback for ``ckptview.open``: a tqdm bar of files whose
+    header was listed, opened on the first call and closed when done reaches total."""
+
+    def __init__(self, args, desc: str = "scan"):
+        self.args = args
+        self.desc = desc
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = progress(total, self.desc, unit="file", args=self.args)
+        self.bar.update(done - self.bar.n)
+        if done >= total:
+            self.bar.close()
+            self.bar = None
 
 
 def print_table(df: pd.DataFrame, as_json: bool, index: bool = True) -> None:
@@ -34,12 +62,18 @@ def print_table(df: pd.DataFrame, as_json: bool, index: bool = True) -> None:
         print(df.to_string(index=index))
 
 
-def progress(total: int | None, desc: str, unit: str = "B"):
-    """A tqdm bar on stderr (silent when stderr is not a terminal); use ``.update(n)``."""
+def progress(total: int | None, desc: str, unit: str = "B", args=None):
+    """A tqdm bar on stderr; use ``.update(n)``. Silent when stderr is not a terminal unless
+    ``args.progress``; always silent with ``args.quiet``."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=sys.stderr,
-                disable=None, leave=False)  # fmt: skip
+    disable = None  # tqdm: off when the stream is not a TTY
+    if getattr(args, "quiet", False):
+        disable = True
+    elif getattr(args, "progress", False):
+        disable = False
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", file=sys.stderr,
+                disable=disable, leave=False)  # fmt: skip
 
 
 def guarded(run):

@@ -19,13 +19,11 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import ckptview as cv
-
     cat = open_tree(args)
-    other = cv.open(args.other, layout=args.other_layout) if args.other else None
+    other = open_tree(args, args.other, args.other_layout) if args.other else None
     vars_a = cat.variables
     total = int(vars_a.loc[vars_a["serial"] == args.a, "nbytes"].sum()) * 2
-    with progress(total, "diff") as bar:
+    with progress(total, "diff", args=args) as bar:
         df = cat.diff(args.a, args.b, other, args.name, match="exact" if args.exact else "auto",
                       progress=bar.update)  # fmt: skip
     if args.changed:

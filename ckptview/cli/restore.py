@@ -26,7 +26,7 @@ def run(args) -> int:
         if len(plan.ops):
             print("(plan only: re-run with --yes to restore)", file=sys.stderr)
         return 0
-    with progress(int(plan.ops["nbytes"].sum()), "restore") as bar:
+    with progress(int(plan.ops["nbytes"].sum()), "restore", args=args) as bar:
         result = cat.restore(args.serial, to=args.to, force=args.force, progress=bar.update)
     _show(result, args.json)
     return 0

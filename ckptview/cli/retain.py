@@ -46,7 +46,7 @@ def run(args) -> int:
               + ("" if n_del == 0 else " (plan only: add --apply --yes to delete)"),
               file=sys.stderr)  # fmt: skip
         return 0
-    with progress(n_del, "retain", unit="serial") as bar:
+    with progress(n_del, "retain", unit="serial", args=args) as bar:
         deleted = cat.apply_retention(plan, progress=bar.update)
     print_table(deleted, args.json)
     print(

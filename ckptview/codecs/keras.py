@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import io
 import os
+import pickle
 import select
 import subprocess
 import sys
@@ -91,6 +92,15 @@ class _Worker:
         self._proc, self._w = proc, io.BufferedWriter(proc.stdin)
         return proc
 
+    def forget(self) -> None:
+        """In a forked process: drop (close) the parent's pipes, never its child."""
+        for f in (self._proc.stdin, self._proc.stdout) if self._proc is not None else ():
+            try:
+                f.close()
+            except OSError:
+                pass
+        self.__init__()
+
     def stop(self) -> None:
         proc, self._proc, self._w = self._proc, None, None
         if proc is None:
@@ -132,7 +142,7 @@ class _Worker:
                     except Exception as e:  # noqa: BLE001 - the child raises it inside h5py
                         reply = ("fail", f"{type(e).__name__}: {e}")
                     wire.send(self._w, reply)
-            except (EOFError, OSError, ValueError) as e:
+            except (EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
                 if isinstance(e, TimeoutError):
                     self.stop()
                     raise HDF5CrashError(f"HDF5 library hung reading this file ({e})") from None
@@ -158,12 +168,13 @@ def _block(blob: Blob, seen: Seen, start: int, length: int) -> bytes:
 
 
 _KEEP = (ValueError, KeyError, IndexError, OSError, EOFError, NotImplementedError,
-         OverflowError, ImportError, MemoryError)  # fmt: skip
+         OverflowError, ImportError)  # fmt: skip
 
 
 def _rebuild(name: str, message: str) -> Exception:
     """The child's exception in this process: the same builtin type where it is an ordinary
-    one, else an OSError naming it (h5py's own errors are OSError/KeyError subclasses)."""
+    one, else an OSError naming it (h5py's own errors are OSError/KeyError subclasses; a
+    MemoryError of the child is the file's fault, not this process's)."""
     cls = getattr(__import__("builtins"), name, None)
     if isinstance(cls, type) and issubclass(cls, _KEEP):
         return cls(message)
@@ -173,7 +184,7 @@ def _rebuild(name: str, message: str) -> Exception:
 _WORKER = _Worker()
 atexit.register(_WORKER.stop)
 if hasattr(os, "register_at_fork"):  # a forked child must not share our pipes
-    os.register_at_fork(after_in_child=lambda: _WORKER.__init__())
+    os.register_at_fork(after_in_child=_WORKER.forget)
 
 
 # -- the codec --------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -34,6 +35,11 @@ class Layout:
     #: a staging suffix: copies go to ``<dir><suffix>`` and are renamed into place (Orbax,
     #: Paddle incubate); None: files are copied directly, commit markers last
     staging_suffix: ClassVar[str | None] = None
+
+    #: True: a copied serial is staged under ``.ckptview/tmp/`` (never listed by any layout)
+    #: and renamed to its final name as the last step (layouts with no commit marker:
+    #: numbered files and dirs), and a deleted directory serial is first renamed there
+    stage_in_meta: ClassVar[bool] = False
 
     def staging_for(self, tree: Tree) -> str | None:
         """The staging suffix to use in ``tree`` (default ``staging_suffix``; a layout whose
@@ -82,6 +88,8 @@ class Layout:
         markers = [m for m in self.commit_markers(tree, info) if m in files]
         dest = (lambda r: self.relocate(tree, info, r, new)) if new is not None else (lambda r: r)
         base = _serial_rel(tree, info)
+        if self.stage_in_meta and not staging:
+            return self._meta_copy_ops(tree, info, files, markers, dest, base)
         staged = bool(staging and base and tree.is_dir(base))
         final_dir = dest(base) if staged else ""
 
@@ -100,6 +108,26 @@ class Layout:
                               atomic=not staged, note=note))  # fmt: skip
         if staged:
             ops.append(Op("rename", final_dir, src=final_dir + staging, note="commit"))
+        return ops
+
+    def _meta_copy_ops(self, tree: Tree, info: SerialInfo, files: list[str], markers: list[str],
+                       dest, base: str) -> list[Op]:  # fmt: skip
+        """``copy_ops`` for ``stage_in_meta``: every file is copied under ``.ckptview/tmp/``,
+        then renamed into place: a directory serial in one rename, loose files one by one
+        with the commit markers last."""
+        token = f"{STAGE_DIR}/{uuid.uuid4().hex[:8]}-"
+        if base and tree.is_dir(base):
+            final_dir = dest(base)
+            stage = token + final_dir.replace("/", "%")
+            ops = [Op("copy", stage + dest(r)[len(final_dir) :], src=tree.abs(r),
+                      nbytes=tree.size(r), atomic=False) for r in files]  # fmt: skip
+            return [*ops, Op("rename", final_dir, src=stage, note="commit")]
+        order = [f for f in files if f not in markers] + markers
+        staged = {r: token + dest(r).replace("/", "%") for r in order}
+        ops = [Op("copy", staged[r], src=tree.abs(r), nbytes=tree.size(r), atomic=False)
+               for r in order]  # fmt: skip
+        ops += [Op("rename", dest(r), src=staged[r], note="commit" if r == order[-1] else "")
+                for r in order]  # fmt: skip
         return ops
 
     def export_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
@@ -132,6 +160,10 @@ class Layout:
         if base and tree.is_dir(base):
             dirs = [base, *tree.dirs(under=base, depth=None)]
             ops += [Op("rmdir", d) for d in sorted(dirs, key=lambda d: -d.count("/"))]
+            if self.stage_in_meta and not self.staging_for(tree):
+                gone = f"{STAGE_DIR}/{uuid.uuid4().hex[:8]}-{base.replace('/', '%')}"
+                return [Op("rename", gone, src=base, note="uncommit"),
+                        *(_moved(o, base, gone) for o in ops)]  # fmt: skip
             suffix = self.staging_for(tree)
             if suffix and not base.endswith(suffix):
                 gone = base + suffix
@@ -143,6 +175,8 @@ class Layout:
 
 
 _NUM = re.compile(r"(\d+)")
+#: where ``stage_in_meta`` layouts stage copies (ckptview.journal.META_DIR + "/tmp")
+STAGE_DIR = ".ckptview/tmp"
 
 
 def trailing_int(name: str) -> int | None:

@@ -7,6 +7,14 @@ number is the one after a step-like keyword (``step``, ``iter``, ``global_step``
 separate run of digits (``model_3``; ``resnet50`` does not count), else an epoch number.
 Where a serial has several files of different naming templates, the main template keeps
 plain names and the others are prefixed by their name with the number removed.
+
+No commit marker, so completeness comes from the files: with several templates, a serial
+missing a template that every other serial has is incomplete (a save, copy or deletion cut
+short between its files; a template only some serials have, ``step_300_compressed.npz``,
+makes no other serial incomplete).
+ckptview's own changes never leave such a serial under its final name: copies are staged
+under ``.ckptview/tmp/`` and renamed into place last (a numbered dir in one rename), and a
+deleted numbered dir is first renamed there (``Layout.stage_in_meta``).
 """
 
 from __future__ import annotations
@@ -91,6 +99,7 @@ class NumberedLayout(Layout):
 
     name = "numbered"
     priority = 500
+    stage_in_meta = True
 
     def guess_can_open(self, tree: Tree) -> bool:
         return bool(self._files(tree) or self._dirs(tree))
@@ -140,6 +149,9 @@ class NumberedLayout(Layout):
             serials.append(
                 SerialInfo(serial, path, files=refs, step=_one(steps), epoch=_one(epochs))
             )
+        if many:
+            _mark_missing_templates(serials, [{files[r].label for r in by_serial[s.serial]}
+                                              for s in serials])  # fmt: skip
         numbered = set(files)
         loose = [
             f for f in tree.files(depth=1) if f not in numbered and f.lower().endswith(SUFFIXES)
@@ -171,6 +183,19 @@ class NumberedLayout(Layout):
             serials.append(SerialInfo(p.serial, tree.abs(rel), files=refs, other_files=others,
                                       step=p.step, epoch=p.epoch))  # fmt: skip
         return TreeScan(serials)
+
+
+def _mark_missing_templates(serials: list[SerialInfo], labels: list[set[str]]) -> None:
+    """Mark incomplete a serial lacking a file template every other serial has."""
+    for i, info in enumerate(serials):
+        others = labels[:i] + labels[i + 1 :]
+        if not others:
+            continue
+        missing = set.intersection(*others) - labels[i]
+        if missing:
+            info.complete = False
+            names = ", ".join(repr(m or "(plain)") for m in sorted(missing))
+            info.error = f"no {names} file, which every other serial has: cut short"
 
 
 def _main_label(labels: Counter) -> str | None:

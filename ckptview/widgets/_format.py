@@ -25,6 +25,7 @@ STATUS_COLORS = {
     "dtype_changed": "#6a1b9a",
     "keep": "#2e7d32",
     "delete": "#c62828",
+    "deleted": "#7f1d1d",
 }
 
 

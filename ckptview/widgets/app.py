@@ -121,3 +121,20 @@ def build_app(urls: list[str], allow_write: bool = False):
         sidebar=dashboard.sidebar(), sidebar_width=340,
         main=[*problems, dashboard.tabs],
     )  # fmt: skip
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], bool]:
+    """The tree URLs and the write flag from ``panel serve ... --args URL... [--allow-write]``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="ckptview_app")
+    p.add_argument("urls", nargs="*")
+    p.add_argument("--allow-write", action="store_true")
+    ns = p.parse_args(argv)
+    return ns.urls, ns.allow_write
+
+
+def serve(argv: list[str]):
+    """Build the page from ``--args`` and mark it servable (the whole of the app script)."""
+    urls, allow_write = parse_args(argv)
+    return build_app(urls, allow_write=allow_write).servable(title="ckptview")

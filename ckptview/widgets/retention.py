@@ -52,7 +52,7 @@ class RetentionView(pn.viewable.Viewer):
         self.plan_button = pn.widgets.Button(label="Plan", color="primary",
                                              css_classes=["ckptview-retention-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
-        self.save_button = pn.widgets.Button(label="Save policy with the tree",
+        self.save_button = pn.widgets.Button(label="Save policy with the tree", button_style="outline", color="primary",
                                              visible=self.workspace.allow_write,
                                              css_classes=["ckptview-retention-save"])  # fmt: skip
         self.save_button.on_click(self._on_save)
@@ -222,7 +222,17 @@ class RetentionView(pn.viewable.Viewer):
         set_notice(self.message, text, "success")
         self.dialog.visible = self.delete.visible = False
         self.plan = None
-        self.table.value = pd.DataFrame(columns=PLAN_SHOWN)
+        self.table.value = pd.DataFrame(
+            {
+                "serial": [int(x) for x in deleted.index],
+                "action": [badge("deleted")] * len(deleted),
+                "reason": [str(p) for p in deleted.get("path", [""] * len(deleted))],
+                "size": [human_bytes(n) for n in deleted["nbytes"]],
+                "step": [None] * len(deleted),
+                "time": [""] * len(deleted),
+            },
+            columns=PLAN_SHOWN,
+        ).astype(object)
         self.workspace.touch()
 
     async def _on_confirm(self, event=None) -> None:
