@@ -5,7 +5,8 @@
 #   ./dev.sh test [PYTEST ARGS] set up .venv (+ Debian chromium), run ruff check and pytest
 #   ./dev.sh setup [EXTRAS]     only create/refresh .venv with ckptview[EXTRAS] (default: test)
 #
-# .venv is reinstalled only when pyproject.toml changes. $PYTHON picks the interpreter.
+# .venv is reinstalled only when pyproject.toml or .ci/constraints.txt change (the constraints
+# pin known-good versions so pip resolves in seconds). $PYTHON picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=.venv
@@ -19,13 +20,13 @@ setup() {  # setup EXTRAS: a venv holding ckptview[EXTRAS] in editable mode
     log "creating $VENV with ${PYTHON:-python3} ($(${PYTHON:-python3} --version 2>&1))"
     "${PYTHON:-python3}" -m venv "$VENV"
   fi
-  want="$(sha256sum pyproject.toml | cut -c1-16)"
+  want="$(cat pyproject.toml .ci/constraints.txt | sha256sum | cut -c1-16)"
   for stamp in "$VENV/.ckptview-$extras" "$VENV/.ckptview-test"; do
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return 0; fi
   done
   log "installing ckptview[$extras] into $VENV (a few minutes the first time)"
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$PY" -m pip install -q --disable-pip-version-check -e ".[$extras]"
+  "$PY" -m pip install -q --disable-pip-version-check -c .ci/constraints.txt -e ".[$extras]"
   echo "$want" > "$VENV/.ckptview-$extras"
 }
 

@@ -206,7 +206,10 @@ def _check_serials(df: pd.DataFrame) -> None:
 
 
 def _check_variables(df: pd.DataFrame, serials: pd.DataFrame) -> None:
-    assert list(df.columns) == VARIABLE_COLUMNS
+    # DESIGN.md: "columns, at least" these, in this order; extras must be documented ones
+    assert list(df.columns[: len(VARIABLE_COLUMNS)]) == VARIABLE_COLUMNS
+    assert set(df.columns[len(VARIABLE_COLUMNS) :]) <= {"alias"}
+    assert df["alias"].map(lambda a: a is None or isinstance(a, str)).all()
     for col in ("serial", "numel", "nbytes"):
         assert df[col].dtype == np.int64, col
     for col in ("node", "name", "kind", "dtype", "file"):

@@ -330,6 +330,72 @@ def retain(layout: str):
     return act
 
 
+def _npz(path: Path, seed: int, **shapes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    np.savez(path, **{k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()})
+
+
+def numbered_dirs(d: Path) -> Path:
+    """``step_N/model.npz`` + ``step_N/opt.npz``: numbered dirs, no commit marker."""
+    for n in (100, 200, 300):
+        _npz(d / f"step_{n}/model.npz", n, w=(4, 3), b=(3,))
+        _npz(d / f"step_{n}/opt.npz", n + 1, m=(4, 3))
+    return d
+
+
+def numbered_files(d: Path) -> Path:
+    """``step_N.npz`` + ``optim_step_N.npz``: two files per serial, no commit marker."""
+    for n in (100, 200, 300):
+        _npz(d / f"step_{n}.npz", n, w=(4, 3), b=(3,))
+        _npz(d / f"optim_step_{n}.npz", n + 1, m=(4, 3))
+    return d
+
+
+def numbered_check(latest: int, source: int | None = None, target: int | None = None):
+    """Every complete serial holds exactly its own files (the target: the source's,
+    renumbered); ``latest`` is untouched and the resume point unless the target is."""
+
+    def check(root: Path, before: dict) -> None:
+        cat = cv.open(root)
+        assert cat.layout == "numbered"
+        table, now = cat.serials, snapshot(root)
+        assert cat.latest in (latest, target) and bool(table.loc[latest, "complete"])
+        wanted = {}  # serial -> its files before the change
+        for rel in before:
+            n = int(rel.replace(".", "_").split("_")[-2] if "/" not in rel else
+                    rel.split("/")[0].split("_")[-1])  # fmt: skip
+            wanted.setdefault(n, set()).add(rel)
+        for info in cat.scan.serials:
+            if not bool(table.loc[info.serial, "complete"]):
+                continue
+            files = cat._layout.serial_files(cat.tree, info)
+            if info.serial == target:
+                origin = {f: f.replace(str(target), str(source)) for f in files}
+                assert set(origin.values()) == wanted[source]
+                assert all(now[f] == before[o] for f, o in origin.items())
+            else:
+                assert set(files) == wanted[info.serial], info.serial
+                assert all(now[f] == before[f] for f in files)
+
+    return check
+
+
+NUMBERED = {"numbered-dirs": numbered_dirs, "numbered-files": numbered_files}
+
+
+@pytest.mark.parametrize("family", NUMBERED)
+def test_crash_during_numbered_promote(family, tmp_path):
+    run_points(f"{family}-promote", NUMBERED[family], promote("numbered", 100),
+               numbered_check(300, 100, 301), tmp_path)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", NUMBERED)
+def test_crash_during_numbered_retention(family, tmp_path):
+    run_points(f"{family}-retention", NUMBERED[family], retain("numbered"),
+               numbered_check(300), tmp_path)  # fmt: skip
+
+
 FAMILIES = {  # name: (setup, layout, latest, source, target, stride)
     "orbax": (small_orbax, "orbax", 3, 2, 4, 4),
     "hf-trainer": (small_hf, "hf-trainer", 300, 100, 301, 2),

@@ -17,9 +17,8 @@ def add_open_args(p) -> None:
 
 def add_progress_args(p) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--progress", action="store_true",
-                   help="show progress bars on stderr even when it is not a terminal")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")  # fmt: skip
+    g.add_argument("--progress", action="store_true", help="progress bars even if not a TTY")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
 def open_tree(args, url: str | None = None, layout: str | None = None):

@@ -1,0 +1,56 @@
+"""``ckptview journal URL [--recover [--yes]] [--break-lock]``: the tree's change journal;
+roll back or finish an interrupted restore or retention."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ._common import add_progress_args, guarded, print_table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("journal", help="show the change journal; recover from a crash")
+    p.add_argument("url", help="checkpoint tree (the root the change was made in)")
+    p.add_argument("--last", type=int, default=20, metavar="N", help="operations shown (20)")
+    p.add_argument("--recover", action="store_true",
+                   help="roll back / finish interrupted changes and remove leftovers")  # fmt: skip
+    p.add_argument("--yes", action="store_true", help="with --recover: do it (default: plan)")
+    p.add_argument("--break-lock", action="store_true",
+                   help="remove the tree's lock first, whoever holds it")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_progress_args(p)
+    p.set_defaults(func=guarded(run))
+
+
+def run(args) -> int:
+    from ckptview.journal import _open_root, break_lock, recover, status
+
+    if args.last < 1:
+        raise ValueError("--last must be at least 1")
+    if args.break_lock:
+        fs, root = _open_root(args.url, None)
+        held = break_lock(fs, root)
+        print(f"lock removed: {held}" if held else "no lock", file=sys.stderr)
+    if args.recover:
+        result = recover(args.url, dry_run=not args.yes)
+        if args.json:
+            print(json.dumps({"target": result.target, "dry_run": result.dry_run,
+                              "done": result.done, "lock": result.lock,
+                              "outcomes": [{"op_id": o, "outcome": w}
+                                           for o, w in result.outcomes]}))  # fmt: skip
+            print_table(result.ops, True)
+            return 0
+        print(str(result))
+        if len(result.ops):
+            print_table(result.ops[["kind", "path", "nbytes", "note"]], False)
+        if result.dry_run and (len(result.ops) or result.outcomes):
+            print("(plan only: re-run with --recover --yes to recover)", file=sys.stderr)
+        return 0
+    df = status(args.url, last=args.last)
+    print_table(df, args.json, index=False)
+    pending = df.attrs.get("pending") or []
+    if pending and not args.json:
+        print(f"{len(pending)} interrupted operation(s): ckptview journal {args.url} "
+              "--recover --yes", file=sys.stderr)  # fmt: skip
+    return 0
