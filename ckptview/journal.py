@@ -453,6 +453,8 @@ def _open_root(url, storage_options):
     from .io import Storage
 
     storage, path = Storage.from_url(os.fspath(url), storage_options)
+    if not storage.fs.exists(path):
+        raise FileNotFoundError(f"no such checkpoint tree: {url}")
     try:
         if storage.fs.isfile(path):
             path = path.rstrip("/").rsplit("/", 1)[0] or "/"
@@ -509,7 +511,12 @@ class _Fixer:
         return out
 
     def doom(self, path: str) -> None:
-        """A file or a whole directory (absolute) to delete."""
+        """A file or a whole directory (absolute) to delete; its parent dirs too once empty
+        (a step may have made them before it failed)."""
+        parent = path.rstrip("/").rsplit("/", 1)[0]
+        while len(parent) > len(self.root.rstrip("/")) and parent.startswith(self.root):
+            self.dirs.add(parent)
+            parent = parent.rsplit("/", 1)[0]
         if not self.fs.exists(path):
             return
         if self.fs.isdir(path):
@@ -521,10 +528,6 @@ class _Fixer:
             self.dirs.add(path.rstrip("/"))
         else:
             self.doomed[path] = None
-        parent = path.rstrip("/").rsplit("/", 1)[0]
-        while len(parent) > len(self.root.rstrip("/")) and parent.startswith(self.root):
-            self.dirs.add(parent)
-            parent = parent.rsplit("/", 1)[0]
 
     # -- restore
     def restore(self, op: dict) -> None:
@@ -716,7 +719,12 @@ class RecoverResult:
         lines = [f"recover {self.target}: {verb} {len(self.ops)} steps"]
         if self.lock:
             held = f"pid {self.lock.get('pid')} on {self.lock.get('host')}"
-            lines.append(("lock held by " if self.dry_run else "broke a stale lock of ") + held)
+            if not self.dry_run:
+                lines.append(f"broke a stale lock of {held}")
+            else:
+                stale = is_stale(self.lock)
+                lines.append(("stale lock of " if stale else "lock held by ") + held
+                             + (" (will be broken)" if stale else ""))  # fmt: skip
         lines += [f"  {op_id}: {outcome}" for op_id, outcome in self.outcomes]
         if not self.outcomes and not len(self.ops):
             lines.append("  nothing to recover")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from conftest import corpus_path
 from test_restore import copy_corpus, snapshot
 from test_stats_diff import read_lod
@@ -89,3 +90,42 @@ def test_retain_refuses_locked_tree(tmp_path, capsys):
     code, _, _ = run(capsys, "retain", root, "--keep-last", 1, "--apply", "--yes",
                      "--break-lock")  # fmt: skip
     assert code == 0 and list(cv.open(root).serials.index) == [2, 3]
+
+
+# -- progress on the catalog scan ------------------------------------------------------------
+def test_scan_progress_hook_sees_every_file(tmp_path):
+    root = copy_corpus("paddle/fluid_ckpt", tmp_path / "fluid")
+    data_files = [p for p in root.rglob("*") if p.is_file() and p.name != "_SUCCESS"]
+    calls: list[tuple[int, int]] = []
+    cat = cv.open(root, progress=lambda done, total: calls.append((done, total)), cache=False)
+    assert calls == []  # lazy: nothing listed before a table is asked for
+    files = cat.files
+    n = len(files)
+    assert n == len(set(files["path"])) > 10
+    assert calls == [(i, n) for i in range(1, n + 1)]  # once per file, in order, main thread
+    listed = {p for p in files["path"]}
+    assert {str(p) for p in data_files} - listed <= {str(p) for p in data_files
+                                                     if "trainer_" in str(p)}  # fmt: skip
+    calls.clear()
+    again = cv.open(root, progress=lambda d, t: calls.append((d, t)))  # header cache: hits
+    again.serials  # noqa: B018
+    again2 = cv.open(root, progress=lambda d, t: calls.append((d, t)))
+    again2.serials  # noqa: B018
+    assert calls[-1] == (n, n) and len(calls) == 2 * n
+
+
+def test_cli_progress_flags(tmp_path, capsys):
+    root = copy_corpus("paddle/fluid_ckpt", tmp_path / "fluid")
+    n = len(cv.open(root).files)
+    code, out, err = run(capsys, "ls", root, "--progress")  # stderr is not a TTY here
+    assert code == 0 and "scan" in err and f"0/{n} " in err  # a bar over every file
+    code, out, err = run(capsys, "ls", root)  # default: silent when not a terminal
+    assert code == 0 and err == "" and "checkpoint_3" in out
+    with pytest.raises(SystemExit) as e:  # argparse: mutually exclusive flags
+        main(["vars", str(root), "--quiet", "--progress"])
+    assert e.value.code == 2 and "not allowed with" in capsys.readouterr().err
+    code, out, err = run(capsys, "diff", root, 1, 2, "--progress", "--json")
+    assert code == 0 and "scan" in err and "diff" in err
+    json.loads(out)
+    code, out, err = run(capsys, "restore", root, 1, "--yes", "-q")
+    assert code == 0 and err == "" and "did run" in out

@@ -270,8 +270,8 @@ def test_crash_during_caffe2_promote(tmp_path):
 # -- the other families: one promote and one retention each ---------------------------------
 def tree_check(layout: str, latest: int, source: int | None = None, target: int | None = None):
     """The tree still opens with ``layout``; ``latest`` is untouched and still the resume
-    point, or the promoted ``target`` is (a pointer move: DeepSpeed then counts tags newer
-    than ``latest`` as interrupted); every complete serial holds exactly its own files (the
+    point, or the promoted ``target`` is (a pointer move: DeepSpeed's newer tags then stay
+    complete, just not the resume point); every complete serial holds exactly its own files (the
     target: exactly the source's)."""
 
     def check(root: Path, before: dict) -> None:

@@ -236,3 +236,56 @@ def test_corrupt_rank_file_is_an_error_row(ds_tree):
     assert cat.latest == 10  # but not loadable: the catalog falls back to the newest loadable
     assert cat.attrs["framework_latest"] == 20
     assert cat.read("module/fc.bias", serial=20).tolist() == [20.0] * 3
+
+
+# -- complete vs. resume point: tags newer than ``latest`` -------------------------------------
+def test_promote_back_keeps_newer_tags_complete(ds_tree):
+    """After ``latest`` is moved back to an older tag, the newer tag is still a complete save
+    (every rank's files), just not the resume point; the half-written tag stays incomplete."""
+    cat = cv.open(ds_tree)
+    cat.restore(10)
+    assert (ds_tree / "latest").read_text() == "global_step10"
+    s = cv.open(ds_tree).serials
+    assert s["complete"].tolist() == [True, True, False]
+    assert s["latest"].tolist() == [True, False, False]
+    assert s.loc[20, "error"] is None  # not an "interrupted save"
+    assert "interrupted" in s.loc[30, "error"]
+
+
+def test_newer_tag_complete_by_files(ds_tree):
+    """Newer than ``latest``: complete with model states and every ZeRO rank 0..D-1 (D from
+    the resume tag); a tag missing a rank or the model states is an interrupted save."""
+    write_tag(ds_tree, 40)  # both ranks + model states
+    write_tag(ds_tree, 50, ranks=(0,))  # rank 1 never landed
+    write_tag(ds_tree, 60, ranks=(1,))  # rank 0 missing: a hole
+    cat = cv.open(ds_tree)
+    s = cat.serials
+    assert s["complete"].to_dict() == {10: True, 20: True, 30: False, 40: True, 50: False,
+                                       60: False}  # fmt: skip
+    assert cat.latest == 20
+    assert s.loc[40, "error"] is None
+    assert all("interrupted" in s.loc[n, "error"] for n in (30, 50, 60))
+    assert s.loc[40, "nodes"] == ("rank0", "rank1")
+
+
+def test_retention_with_tags_newer_than_latest(ds_tree):
+    """DESIGN.md invariants as they stand: the resume tag (10) and the newest complete tag (20)
+    are protected; an incomplete tag newer than the newest complete one (30) is in flight."""
+    write_tag(ds_tree, 5)
+    cat = cv.open(ds_tree)
+    cat.restore(10)
+    plan = cv.open(ds_tree).plan_retention(keep_last=1)
+    assert plan["action"].to_dict() == {5: "delete", 10: "keep", 20: "keep", 30: "keep"}
+    assert "resume point" in plan.loc[10, "reason"]
+    assert "latest complete" in plan.loc[20, "reason"]
+    assert "in flight" in plan.loc[30, "reason"]
+    write_tag(ds_tree, 40)  # now 20 is an ordinary complete tag newer than the resume point
+    cat = cv.open(ds_tree)
+    plan = cat.plan_retention(keep_last=1)
+    assert plan["action"].to_dict() == {5: "delete", 10: "keep", 20: "delete", 30: "delete",
+                                        40: "keep"}  # fmt: skip
+    deleted = cat.apply_retention(plan)
+    assert list(deleted.index) == [5, 20, 30]
+    after = cv.open(ds_tree)
+    assert list(after.serials.index) == [10, 40] and after.latest == 10
+    assert (ds_tree / "latest").read_text() == "global_step10"

@@ -99,7 +99,7 @@ class NumberedLayout(Layout):
 
     name = "numbered"
     priority = 500
-    stage_in_meta = False
+    stage_in_meta = True
 
     def guess_can_open(self, tree: Tree) -> bool:
         return bool(self._files(tree) or self._dirs(tree))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import posixpath
+import threading
+import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +16,7 @@ import panel as pn
 import param
 
 import ckptview as cv
+from ckptview.tree import Tree
 
 from .guard import Guard
 
@@ -23,11 +27,30 @@ TABLE_CSS = """
 """
 
 
+#: bytes as "1.5 KiB" in the browser (same rule as ``_format.human_bytes``): a size column
+#: holds the integer byte count, so it sorts by bytes (in the browser and server-side alike)
+SIZE_FORMATTER_TEMPLATE = (
+    "<%= (function (n) { if (n === null || n === undefined || n === '') return '';"
+    " n = Number(n); if (isNaN(n)) return ''; var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];"
+    " if (Math.abs(n) < 1024) return Math.trunc(n) + ' B'; var i = 0;"
+    " while (Math.abs(n) >= 1024 && i < 5) { n /= 1024; i++; }"
+    " return n.toFixed(1) + ' ' + u[i]; })(value) %>"
+)
+
+
+def size_formatter():
+    """A Tabulator cell formatter showing an integer byte count as a human-readable size."""
+    from bokeh.models.widgets.tables import HTMLTemplateFormatter
+
+    return HTMLTemplateFormatter(template=SIZE_FORMATTER_TEMPLATE)
+
+
 def table(value: pd.DataFrame, **kwargs) -> pn.widgets.Tabulator:
     """A read-only Tabulator with the package's defaults (fits the page width)."""
     opts = dict(
         show_index=False, disabled=True, layout="fit_data_stretch", sizing_mode="stretch_width",
         stylesheets=[TABLE_CSS], theme="simple",
+        configuration={"columnDefaults": {"tooltip": True}},
     )  # fmt: skip
     opts.update(kwargs)
     return pn.widgets.Tabulator(value, **opts)
@@ -62,6 +85,7 @@ class Workspace(param.Parameterized):
     runs = param.Dict(default={}, doc="label -> ckptview.Catalog")
     guard = param.ClassSelector(class_=Guard, doc="roots and write access")
     changed = param.Integer(default=0, doc="bumped after a restore or retention changed a tree")
+    grown = param.Integer(default=0, doc="bumped when polling found new or changed serials")
 
     def __init__(self, catalogs=None, guard: Guard | None = None, **params):
         super().__init__(guard=guard or Guard(restrict=False, allow_write=True), **params)
@@ -81,6 +105,10 @@ class Workspace(param.Parameterized):
         label = label_for(catalog.url, self.runs)
         self.runs = {**self.runs, label: catalog}
         return label
+
+    def poll(self) -> list[str]:
+        """Refresh the runs whose trees changed on storage (blocking); their labels."""
+        return [label for label, cat in self.runs.items() if refresh_if_changed(cat)]
 
     def touch(self) -> None:
         """Tell the views that a tree changed (they rebuild from the refreshed catalog)."""
@@ -121,3 +149,50 @@ def set_notice(pane: pn.pane.Markdown, text: str, kind: str = "info") -> None:
     style = {**NOTICE_STYLES[kind], "padding": "2px 12px", "border-radius": "4px"}
     classes = [c for c in pane.css_classes if not c.startswith("cv-notice-")]
     pane.param.update(object=text, styles=style, css_classes=[*classes, f"cv-notice-{kind}"])
+
+
+# -- live runs: pick up new serials while a view is open -----------------------------------------
+_LIVE_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LIVE_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LIVE_GUARD = threading.Lock()
+
+
+def _signature(entries: dict) -> dict:
+    return {rel: (inf.get("type"), inf.get("size"), str(inf.get("mtime")), inf.get("etag"))
+            for rel, inf in entries.items()}  # fmt: skip
+
+
+def changed_on_storage(cat: cv.Catalog) -> bool:
+    """True when the tree's listing (names, sizes, mtimes) differs from the catalog's.
+
+    One listing of the tree; no file is opened. A one-file tree never changes here.
+    """
+    tree = cat.tree
+    if tree.single is not None or "entries" not in tree.__dict__:
+        return False  # one file, or not listed yet (the next access lists it anyway)
+    try:
+        cat.storage.fs.invalidate_cache(tree.root)
+    except Exception:  # noqa: BLE001 - a filesystem without a listing cache
+        pass
+    fresh = Tree(cat.storage, tree.root).entries
+    return _signature(fresh) != _signature(tree.entries)
+
+
+def refresh_if_changed(cat: cv.Catalog, min_interval: float = 0.0) -> bool:
+    """``cat.refresh()`` when the tree changed on storage; True when it did.
+
+    Several views (and several browser sessions sharing one catalog) may poll the same catalog:
+    one check at a time, and none when another ran less than ``min_interval`` seconds ago.
+    ``refresh`` then rereads only the new or changed files' headers (the header cache).
+    """
+    with _LIVE_GUARD:
+        lock = _LIVE_LOCKS.setdefault(cat, threading.Lock())
+    with lock:
+        if time.monotonic() - _LIVE_CHECKED.get(cat, -1e9) < min_interval:
+            return False
+        _LIVE_CHECKED[cat] = time.monotonic()
+        if not changed_on_storage(cat):
+            return False
+        cat.refresh()
+        cat.serials  # noqa: B018 - rebuild now, in the polling thread
+        return True

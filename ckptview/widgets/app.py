@@ -10,7 +10,9 @@ from __future__ import annotations
 import panel as pn
 import param
 
-from ._base import Workspace, notice
+import ckptview as cv
+
+from ._base import Workspace, in_background, notice
 from .browser import RunBrowser
 from .compare import CompareView
 from .guard import Guard
@@ -26,6 +28,11 @@ class Dashboard(pn.viewable.Viewer):
     """Runs on the left, one tab per task on the right; per-run views built on first use."""
 
     run = param.Selector(objects=[], doc="the run the Browse/Trajectory tabs show")
+    poll_seconds = param.Number(
+        default=5.0,
+        bounds=(0, None),
+        doc="live runs: check the trees for new serials this often; 0: off",
+    )
 
     def __init__(self, workspace: Workspace, **params):
         self.workspace = workspace
@@ -46,6 +53,8 @@ class Dashboard(pn.viewable.Viewer):
         )  # fmt: skip
         workspace.param.watch(self._on_runs, "runs")
         workspace.param.watch(self._on_changed, "changed")
+        self.tabs.param.watch(lambda e: self._show(), "active")
+        self._callback = None
         self._on_runs()
 
     def _on_runs(self, event=None) -> None:
@@ -69,16 +78,56 @@ class Dashboard(pn.viewable.Viewer):
             return
         cat = self.workspace.runs[self.run]
         try:
-            if self.run not in self._browsers:
-                self._browsers[self.run] = RunBrowser(cat)
+            if self.run not in self._browsers:  # the dashboard polls for all of them
+                self._browsers[self.run] = RunBrowser(cat, poll_seconds=0)
             self.browse_area.objects = [self._browsers[self.run]]
-            if self.run not in self._trajectories:
-                self._trajectories[self.run] = TrajectoryPlot(cat)
-            self.trajectory_area.objects = [self._trajectories[self.run]]
         except Exception as e:  # noqa: BLE001 - a tree that cannot be read is shown, not fatal
             self.browse_area.objects = [
                 notice(f"**{self.run}**: {type(e).__name__}: {e}", kind="danger")
             ]
+        if TABS[self.tabs.active] != "Trajectory":
+            return  # built on first use: it reads values across every serial
+        try:
+            if self.run not in self._trajectories:
+                self._trajectories[self.run] = TrajectoryPlot(cat)
+            self.trajectory_area.objects = [self._trajectories[self.run]]
+        except Exception as e:  # noqa: BLE001
+            self.trajectory_area.objects = [
+                notice(f"**{self.run}**: {type(e).__name__}: {e}", kind="danger")
+            ]
+
+    # -- live runs ------------------------------------------------------------------------------
+    def poll(self) -> list[int]:
+        """Check every open tree (blocking) and take in new serials; the new serials shown."""
+        return self.sync(self.workspace.poll())
+
+    def sync(self, refreshed=()) -> list[int]:
+        """Update the views from the (already refreshed) catalogs, keeping selections."""
+        new = []
+        for browser in self._browsers.values():
+            new += browser.serials.sync()
+        stale = [r for r in self._trajectories if r in refreshed]
+        for label in stale:  # rebuilt with the new serials when next shown
+            del self._trajectories[label]
+        if stale and self.run in stale:
+            self._show()
+        if refreshed or new:
+            self.workspace.grown += 1
+        return new
+
+    async def _tick(self) -> None:
+        try:
+            refreshed = await in_background(None, self.workspace.poll)
+        except Exception:  # noqa: BLE001 - a storage hiccup: try again next period
+            return
+        self.sync(refreshed)
+
+    def start_polling(self) -> None:
+        """Poll every ``poll_seconds`` while the page is open (tied to the browser session)."""
+        if self.poll_seconds > 0 and self._callback is None:
+            self._callback = pn.state.add_periodic_callback(
+                self._tick, period=int(self.poll_seconds * 1000)
+            )
 
     def sidebar(self) -> list:
         mode = (
@@ -96,12 +145,29 @@ class Dashboard(pn.viewable.Viewer):
         ]  # fmt: skip
 
     def __panel__(self):
+        self.start_polling()
         return pn.Row(pn.Column(*self.sidebar(), width=320), self.tabs,
                       sizing_mode="stretch_width")  # fmt: skip
 
 
-def build_app(urls: list[str], allow_write: bool = False):
-    """The served page for the trees at ``urls`` (the only roots it will open)."""
+def shared_catalog(url: str) -> cv.Catalog:
+    """One catalog per tree for the whole server: every browser session shares it (a big tree
+    is catalogued once; ``panel serve --warm`` does it before the first page is asked for)."""
+
+    def load() -> cv.Catalog:
+        cat = cv.open(url)
+        cat.serials  # noqa: B018 - catalogue now, not in the first page's callbacks
+        cat.variables  # noqa: B018
+        return cat
+
+    return pn.state.as_cached(f"ckptview-catalog:{url}", load)
+
+
+def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 5.0):
+    """The served page for the trees at ``urls`` (the only roots it will open).
+
+    The trees are checked for new serials every ``poll_seconds`` while a page is open (0: off).
+    """
     import panel_material_ui as pmui
 
     pn.extension("tabulator", notifications=True)
@@ -109,10 +175,13 @@ def build_app(urls: list[str], allow_write: bool = False):
     problems = []
     for url in urls:
         try:
-            workspace.add(url)
+            workspace.guard.check_url(url)
+            workspace.add(shared_catalog(url))
         except Exception as e:  # noqa: BLE001 - shown on the page
             problems.append(notice(f"`{url}`: {type(e).__name__}: {e}", kind="danger"))
-    dashboard = Dashboard(workspace)
+    dashboard = Dashboard(workspace, poll_seconds=poll_seconds)
+    if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+        dashboard.start_polling()  # served: tied to this browser session
     if not urls:
         problems.append(notice("No tree given: `ckptview serve URL...`",
                                       kind="warning"))  # fmt: skip
@@ -123,18 +192,43 @@ def build_app(urls: list[str], allow_write: bool = False):
     )  # fmt: skip
 
 
-def parse_args(argv: list[str]) -> tuple[list[str], bool]:
-    """The tree URLs and the write flag from ``panel serve ... --args URL... [--allow-write]``."""
+def _parser():
     import argparse
 
     p = argparse.ArgumentParser(prog="ckptview_app")
     p.add_argument("urls", nargs="*")
     p.add_argument("--allow-write", action="store_true")
-    ns = p.parse_args(argv)
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="check the trees for new serials this often (default 5; 0: off)",
+    )
+    return p
+
+
+def parse_args(argv: list[str]) -> tuple[list[str], bool]:
+    """The tree URLs and the write flag from ``panel serve ... --args URL... [--allow-write]``."""
+    ns = _parser().parse_args(argv)
     return ns.urls, ns.allow_write
+
+
+def poll_seconds(argv: list[str]) -> float:
+    """``--poll SECONDS``, else ``$CKPTVIEW_POLL_SECONDS``, else 5 (0 turns polling off)."""
+    import os
+
+    value = _parser().parse_args(argv).poll
+    if value is None:
+        try:
+            value = float(os.environ.get("CKPTVIEW_POLL_SECONDS", "5"))
+        except ValueError:
+            value = 5.0
+    return max(0.0, value)
 
 
 def serve(argv: list[str]):
     """Build the page from ``--args`` and mark it servable (the whole of the app script)."""
     urls, allow_write = parse_args(argv)
-    return build_app(urls, allow_write=allow_write).servable(title="ckptview")
+    page = build_app(urls, allow_write=allow_write, poll_seconds=poll_seconds(argv))
+    return page.servable(title="ckptview")

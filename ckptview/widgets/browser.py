@@ -16,14 +16,30 @@ class RunBrowser(pn.viewable.Viewer):
     """Serials -> variables -> detail, wired by clicks."""
 
     catalog = param.ClassSelector(class_=cv.Catalog)
+    poll_seconds = param.Number(
+        default=5.0,
+        bounds=(0, None),
+        doc="live run: check the tree for new serials this often; 0: off",
+    )
 
     def __init__(self, catalog: cv.Catalog, **params):
         super().__init__(catalog=catalog, **params)
-        self.serials = SerialsTable(catalog)
+        self.serials = SerialsTable(catalog, poll_seconds=self.poll_seconds)
         self.variables = VariablesTable(catalog, serial=self.serials.selected)
         self.detail = VariableDetail(catalog, serial=self.serials.selected)
         self.serials.param.watch(self._on_serial, "selected")
         self.variables.param.watch(self._on_variable, "selected")
+        self.serials.param.watch(self._on_sync, "version")
+        self.param.watch(lambda e: setattr(self.serials, "poll_seconds", e.new), "poll_seconds")
+
+    def poll(self) -> list[int]:
+        """Check the tree and take in new serials now (blocking); the new serials."""
+        return self.serials.poll()
+
+    def _on_sync(self, event) -> None:
+        if self.variables.serial in self.serials.updated:  # the shown serial changed on disk
+            self.variables._update_serial()
+            self.detail._describe()
 
     def _on_serial(self, event) -> None:
         self.variables.serial = event.new

@@ -70,7 +70,7 @@ class CompareView(pn.viewable.Viewer):
         self.table.param.watch(self._on_select, "selection")
         self.plots = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-diff-plots"])
         self.body = pn.Column(self.heading, self.table, self.plots, sizing_mode="stretch_width")
-        self.workspace.param.watch(lambda e: self._runs(), "runs")
+        self.workspace.param.watch(lambda e: self._runs(), ["runs", "changed", "grown"])
         self._runs()
 
     # -- choices ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ class RestoreView(pn.viewable.Viewer):
     serial = param.Selector(objects=[])
     mode = param.Selector(default="in_place", objects=MODES)
     destination = param.String(default="", doc="URL for a copy (must be under the roots)")
+    force = param.Boolean(default=False, doc="restore an incomplete serial anyway")
 
     def __init__(self, workspace, **params):
         self.workspace: Workspace = as_workspace(workspace)
@@ -36,7 +37,11 @@ class RestoreView(pn.viewable.Viewer):
         self.ops = table(pd.DataFrame(columns=["kind", "path", "size", "note"]),
                          pagination="local", page_size=15, css_classes=["ckptview-restore-ops"])  # fmt: skip
         self.body = pn.Column(self.message, self.confirm, self.ops, sizing_mode="stretch_width")
-        self.workspace.param.watch(lambda e: self._runs(), ["runs", "changed"])
+        self.force_box = pn.widgets.Checkbox.from_param(
+            self.param.force, label="force: restore this incomplete serial anyway",
+            visible=False, css_classes=["ckptview-restore-force"],
+        )  # fmt: skip
+        self.workspace.param.watch(lambda e: self._runs(), ["runs", "changed", "grown"])
         self._runs()
 
     def _runs(self) -> None:
@@ -51,15 +56,48 @@ class RestoreView(pn.viewable.Viewer):
         if self.run is None:
             return
         table_ = self.workspace.runs[self.run].serials
-        choices = [int(s) for s in table_.index[table_["complete"]]]
+        choices = {
+            (str(s) if ok else f"{s} (incomplete)"): int(s)
+            for s, ok in zip(table_.index, table_["complete"].astype(bool))
+        }  # every serial; an incomplete one needs an explicit force
         self.param.serial.objects = choices
-        if choices and self.serial not in choices:
-            self.serial = choices[0]
+        values = list(choices.values())
+        if values and self.serial not in values:
+            complete = [int(s) for s in table_.index[table_["complete"].astype(bool)]]
+            self.serial = complete[0] if complete else values[0]
+        self.force_box.visible = self.incomplete()
 
-    @param.depends("run", "serial", "mode", "destination", watch=True)
+    def incomplete(self) -> bool:
+        """True when the chosen serial is incomplete (its save did not finish)."""
+        if self.run is None or self.serial is None:
+            return False
+        table_ = self.workspace.runs[self.run].serials
+        return int(self.serial) in table_.index and not bool(
+            table_.loc[int(self.serial), "complete"]
+        )
+
+    @param.depends("serial", watch=True)
+    def _on_serial(self) -> None:
+        self.force_box.visible = self.incomplete()
+        self.force = False
+
+    @param.depends("run", "serial", "mode", "destination", "force", watch=True)
     def _forget_plan(self) -> None:
         self.planned = None
         self.confirm.visible = False
+
+    def _check_force(self) -> bool:
+        """``force`` for the core; a clear refusal for an incomplete serial without it."""
+        if not self.incomplete():
+            return False
+        if not self.force:
+            err = self.workspace.runs[self.run].serials.loc[int(self.serial), "error"]
+            why = f" ({err})" if isinstance(err, str) and err else ""
+            raise ValueError(
+                f"refused: serial {self.serial} is incomplete — its save did not finish{why}. "
+                "The framework would not resume from it; tick **force** to restore it anyway."
+            )
+        return True
 
     def _target(self) -> str | None:
         if self.mode == "in_place":
@@ -71,10 +109,11 @@ class RestoreView(pn.viewable.Viewer):
     def plan(self):
         """The dry run for the current choices (changes nothing)."""
         cat = self.workspace.runs[self.run]
-        return cat.restore(int(self.serial), to=self._target(), dry_run=True)
+        force = self._check_force()
+        return cat.restore(int(self.serial), to=self._target(), dry_run=True, force=force)
 
     def show_plan(self, result) -> None:
-        self.planned = (self.run, self.serial, self.mode, self.destination, result)
+        self.planned = (self.run, self.serial, self.mode, self.destination, self.force, result)
         ops = result.ops
         size = int(pd.to_numeric(ops["nbytes"], errors="coerce").fillna(0).sum()) if len(ops) else 0
         frame = pd.DataFrame({
@@ -89,9 +128,11 @@ class RestoreView(pn.viewable.Viewer):
         )
         if result.message:
             text += f" ({result.message})"
+        if self.force:
+            text += "\n\n**Forced:** this serial is incomplete; the restored copy may not load."
         if not self.workspace.allow_write:
             text += "\n\nThis dashboard is **read-only**: restoring is not offered."
-        set_notice(self.message, text, "info")
+        set_notice(self.message, text, "warning" if self.force else "info")
         can = self.workspace.allow_write and len(ops) > 0
         self.confirm.label = f"Restore serial {result.serial}"
         self.confirm.visible = can
@@ -107,9 +148,10 @@ class RestoreView(pn.viewable.Viewer):
         self.workspace.guard.require_write("restore")
         if self.planned is None:
             raise RuntimeError("plan the restore first")
-        run, serial, mode, dest, _ = self.planned
+        run, serial, mode, dest, force, _ = self.planned
         cat = self.workspace.runs[run]
-        return cat.restore(int(serial), to=self._target() if mode == "copy" else None)
+        return cat.restore(int(serial), to=self._target() if mode == "copy" else None,
+                           force=force)  # fmt: skip
 
     def show_result(self, result) -> None:
         set_notice(self.message, f"**Done:** {str(result).splitlines()[0]}", "success")
@@ -136,4 +178,4 @@ class RestoreView(pn.viewable.Viewer):
                                             css_classes=["ckptview-restore-dest"]),
             self.plan_button, align="end",
         )  # fmt: skip
-        return pn.Column(form, self.body, sizing_mode="stretch_width")
+        return pn.Column(form, self.force_box, self.body, sizing_mode="stretch_width")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import panel as pn
+import panel_material_ui as pmui
 import param
 
 from ._base import Workspace, as_workspace, in_background, notice, set_notice, table
@@ -29,6 +30,17 @@ def plan_frame(plan: pd.DataFrame) -> pd.DataFrame:
     return out.astype(object)
 
 
+def _serial_list(serials: list[int], most: int = 20) -> str:
+    """``1, 2, 3`` — or the first and last few of a long list, with the count left out."""
+    if len(serials) <= most:
+        return ", ".join(map(str, serials))
+    head, tail = serials[: most // 2], serials[-(most // 4) :]
+    return (
+        f"{', '.join(map(str, head))}, … ({len(serials) - len(head) - len(tail)} more) …, "
+        + ", ".join(map(str, tail))
+    )
+
+
 class RetentionView(pn.viewable.Viewer):
     """Keep last N / every K / best N by a metric / pinned / newer than; plan, confirm, apply."""
 
@@ -52,7 +64,7 @@ class RetentionView(pn.viewable.Viewer):
         self.plan_button = pn.widgets.Button(label="Plan", color="primary",
                                              css_classes=["ckptview-retention-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
-        self.save_button = pn.widgets.Button(label="Save policy with the tree", button_style="outline", color="primary",
+        self.save_button = pn.widgets.Button(label="Save policy with the tree", variant="outlined", color="primary",
                                              visible=self.workspace.allow_write,
                                              css_classes=["ckptview-retention-save"])  # fmt: skip
         self.save_button.on_click(self._on_save)
@@ -65,18 +77,17 @@ class RetentionView(pn.viewable.Viewer):
         self.confirm.on_click(self._on_confirm)
         self.cancel = pn.widgets.Button(label="Cancel", css_classes=["ckptview-retention-cancel"])
         self.cancel.on_click(self._on_cancel)
-        self.dialog = pn.Column(
-            self.confirm_text, pn.Row(self.confirm, self.cancel), visible=False,
-            css_classes=["ckptview-confirm"], sizing_mode="stretch_width",
-            styles={"border": "2px solid #c62828", "border-radius": "8px", "padding": "8px",
-                    "background": "#fff5f5"},
+        self.dialog = pmui.Dialog(
+            self.confirm_text, pn.Row(self.confirm, self.cancel), open=False,
+            title="Confirm deletion", show_close_button=True, width_option="sm",
+            css_classes=["ckptview-confirm"],
         )  # fmt: skip
         self.table = table(pd.DataFrame(columns=PLAN_SHOWN), pagination="remote", page_size=20,
                            formatters={"action": {"type": "html"}},
                            css_classes=["ckptview-retention-table"])  # fmt: skip
         self.body = pn.Column(self.message, pn.Row(self.delete, self.save_button), self.dialog,
                               self.table, sizing_mode="stretch_width")  # fmt: skip
-        self.workspace.param.watch(lambda e: self._runs(), ["runs", "changed"])
+        self.workspace.param.watch(lambda e: self._runs(), ["runs", "changed", "grown"])
         self._runs()
 
     # -- form ---------------------------------------------------------------------------------
@@ -138,7 +149,7 @@ class RetentionView(pn.viewable.Viewer):
     def _forget_plan(self) -> None:
         self.plan = None
         self.delete.visible = False
-        self.dialog.visible = False
+        self.dialog.open = False
 
     # -- plan -------------------------------------------------------------------------------
     def make_plan(self) -> pd.DataFrame:
@@ -170,7 +181,7 @@ class RetentionView(pn.viewable.Viewer):
         set_notice(self.message, text, "info")
         self.delete.label = f"Delete {len(doomed)} checkpoint{'s' if len(doomed) != 1 else ''}…"
         self.delete.visible = self.workspace.allow_write and bool(doomed)
-        self.dialog.visible = False
+        self.dialog.open = False
 
     async def _on_plan(self, event=None) -> None:
         try:
@@ -189,11 +200,11 @@ class RetentionView(pn.viewable.Viewer):
         noun = "checkpoint" if len(doomed) == 1 else "checkpoints"
         self.confirm_text.object = (
             f"#### Delete {len(doomed)} {noun}?\n"
-            f"Serials {', '.join(map(str, doomed))} of `{self.run}` ({human_bytes(freed)}). "
+            f"Serials {_serial_list(doomed)} of `{self.run}` ({human_bytes(freed)}). "
             "This cannot be undone; the tree is re-checked against the plan first."
         )
         self.confirm.label = f"Delete {len(doomed)} {noun}"
-        self.dialog.visible = True
+        self.dialog.open = True
 
     def _on_delete(self, event=None) -> None:
         try:
@@ -203,7 +214,7 @@ class RetentionView(pn.viewable.Viewer):
             set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
 
     def _on_cancel(self, event=None) -> None:
-        self.dialog.visible = False
+        self.dialog.open = False
 
     def apply(self) -> pd.DataFrame:
         """Delete exactly the planned serials; refused without write access."""
@@ -220,7 +231,7 @@ class RetentionView(pn.viewable.Viewer):
             f"(serials {serials or 'none'}; {human_bytes(freed)} freed)."
         )
         set_notice(self.message, text, "success")
-        self.dialog.visible = self.delete.visible = False
+        self.dialog.open = self.delete.visible = False
         self.plan = None
         self.table.value = pd.DataFrame(
             {
@@ -236,11 +247,14 @@ class RetentionView(pn.viewable.Viewer):
         self.workspace.touch()
 
     async def _on_confirm(self, event=None) -> None:
+        self.confirm.disabled = True  # one click, one deletion
         try:
             self.show_result(await in_background(self.body, self.apply))
         except Exception as e:  # noqa: BLE001 - refusals and failures are shown
-            self.dialog.visible = False
+            self.dialog.open = False
             set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
+        finally:
+            self.confirm.disabled = False
 
     def save(self):
         """Store the form's policy with the tree (``cat.set_retention``)."""

@@ -1,4 +1,4 @@
-"""The serials of one run: a paginated status table and a timeline plot."""
+"""The serials of one run: a paginated status table and a timeline plot; follows a live run."""
 
 from __future__ import annotations
 
@@ -10,32 +10,47 @@ import param
 import ckptview as cv
 
 from . import plots
-from ._base import table
-from ._format import badge, metrics_wide, serials_frame
+from ._base import in_background, notice, refresh_if_changed, set_notice, size_formatter, table
+from ._format import badge, metrics_wide, serials_frame, shown_metrics
+
+#: columns always offered first; metrics come after ``step``
+BASE_COLUMNS = ["serial", "status", "size", "time", "epoch", "step", "files", "variables",
+                "nodes"]  # fmt: skip
+DEFAULT_METRICS = 2  # metric columns shown by default (the rest via the column chooser)
+
+
+def _empty(col: pd.Series) -> bool:
+    return all(v is None or v == "" or (isinstance(v, float) and pd.isna(v)) for v in col)
 
 
 class SerialsTable(pn.viewable.Viewer):
-    """Serials with status at a glance; ``selected`` follows the clicked row."""
+    """Serials with status at a glance; ``selected`` follows the clicked row.
+
+    ``poll_seconds`` > 0: while shown, the tree is checked that often (one listing) and new or
+    changed serials are added in place, keeping the selection and the page.
+    """
 
     catalog = param.ClassSelector(class_=cv.Catalog)
     selected = param.Integer(default=None, allow_None=True, doc="the clicked serial")
     page_size = param.Integer(default=20, bounds=(5, 500))
     y = param.Selector(default="size", objects=["size"], doc="what the timeline plots")
+    columns = param.ListSelector(default=[], objects=[], doc="columns shown in the table")
+    poll_seconds = param.Number(default=5.0, bounds=(0, None), doc="live polling period; 0: off")
+    version = param.Integer(default=0, doc="bumped each time new serials were taken in")
 
     def __init__(self, catalog: cv.Catalog, **params):
         super().__init__(catalog=catalog, **params)
+        self._seen = catalog.serials
         self.frame = serials_frame(catalog)
-        metrics = [str(c) for c in metrics_wide(catalog).columns]
-        self.param.y.objects = ["size", *metrics]
+        self._set_choices()
         self.summary = pn.pane.Markdown(self._summary(), css_classes=["ckptview-summary"],
                                         sizing_mode="stretch_width")  # fmt: skip
-        shown = self.frame.copy()
-        shown["status"] = [badge(s) for s in shown["status"]]
+        self.live = notice("", kind="info", visible=False, css_classes=["ckptview-live"])
         self.table = table(
-            shown, pagination="remote", page_size=self.page_size, selectable=1,
-            hidden_columns=["nbytes"], formatters={"status": {"type": "html"}},
-            header_align="left", css_classes=["ckptview-serials"],
-            widths={"status": 110, "error": 260},
+            self._shown(), pagination="remote", page_size=self.page_size, selectable=1,
+            hidden_columns=self._hidden(), header_align="left", css_classes=["ckptview-serials"],
+            formatters={"status": {"type": "html"}, "size": size_formatter()},
+            widths={"status": 110, "error": 320}, text_align={"size": "right"},
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         latest = catalog.latest
@@ -44,6 +59,38 @@ class SerialsTable(pn.viewable.Viewer):
         if latest is not None:
             self.select(latest)
         self.y_select = pn.widgets.Select.from_param(self.param.y, label="timeline", width=200)
+        self._callback = None
+        self.updated: list[int] = []  # serials new or changed at the last sync
+
+    # -- columns ------------------------------------------------------------------------------
+    def _metric_columns(self) -> list[str]:
+        return [c for c in self.frame.columns if c not in (*BASE_COLUMNS, "nbytes", "error")]
+
+    def _set_choices(self) -> None:
+        metrics = [str(c) for c in metrics_wide(self.catalog).columns]
+        self.param.y.objects = ["size", *metrics]
+        optional = [*BASE_COLUMNS[2:], *self._metric_columns(), "error"]
+        self.param.columns.objects = optional
+        if not self.columns:  # default: the essentials, the first metrics, no empty columns
+            ranked = shown_metrics(self._metric_columns())[:DEFAULT_METRICS]
+            default = ["size", "time", "epoch", "step", *ranked, "error"]
+            self.columns = [c for c in default if c in optional and not _empty(self.frame[c])]
+        else:
+            self.columns = [c for c in self.columns if c in optional]
+
+    def _hidden(self) -> list[str]:
+        keep = {"serial", "status", *self.columns}
+        return [c for c in self.frame.columns if c not in keep]
+
+    @param.depends("columns", watch=True)
+    def _on_columns(self) -> None:
+        self.table.hidden_columns = self._hidden()
+
+    def _shown(self) -> pd.DataFrame:
+        shown = self.frame.copy()
+        shown["status"] = [badge(s) for s in shown["status"]]
+        shown["size"] = shown["nbytes"]  # bytes, shown human-readable: sorts by size
+        return shown
 
     def _summary(self) -> str:
         cat, f = self.catalog, self.frame
@@ -58,6 +105,7 @@ class SerialsTable(pn.viewable.Viewer):
             f"({', '.join(parts)}) · resume point: **{latest if latest is not None else 'none'}**"
         )
 
+    # -- selection ----------------------------------------------------------------------------
     def select(self, serial: int) -> None:
         """Select ``serial`` as if its row had been clicked."""
         hit = self.frame.index[self.frame["serial"] == int(serial)]
@@ -65,10 +113,99 @@ class SerialsTable(pn.viewable.Viewer):
             self.table.selection = [int(hit[0])]
 
     def _on_select(self, event) -> None:
-        if event.new:
+        if event.new and event.new[0] < len(self.frame):
             self.selected = int(self.frame["serial"].iloc[event.new[0]])
 
-    @param.depends("y")
+    # -- live runs ----------------------------------------------------------------------------
+    def check(self) -> bool:
+        """Refresh the catalog when the tree changed on storage (blocking; one listing)."""
+        return refresh_if_changed(self.catalog, min_interval=self.poll_seconds / 2)
+
+    def sync(self) -> list[int]:
+        """Take in the catalog's current serials, in place; returns the serials that are new.
+
+        Keeps the selected serial and the page; a short notice names the new serials.
+        """
+        serials = self.catalog.serials
+        if serials is self._seen:
+            return []
+        self._seen = serials
+        old = self.frame
+        before = dict(zip(old["serial"], old["status"]))
+        self.frame = serials_frame(self.catalog)
+        new = [int(s) for s in self.frame["serial"] if s not in before]
+        changed = [
+            int(s) for s, st in zip(self.frame["serial"], self.frame["status"])
+            if s in before and before[s] != st
+        ]  # fmt: skip
+        self.updated = new + changed
+        page, selected = self.table.page, self.selected
+        self._set_choices()
+        self.table.hidden_columns = self._hidden()
+        self.table.value = self._shown()
+        if selected is not None and selected in set(self.frame["serial"]):
+            self.select(selected)
+        elif selected is not None:
+            self.table.selection = []
+        n_pages = max(1, -(-len(self.frame) // self.table.page_size))
+        self.table.page = min(page or 1, n_pages)
+        self.summary.object = self._summary()
+        if new or changed:
+            parts = []
+            if new:
+                noun = "serial" if len(new) == 1 else "serials"
+                shown = ", ".join(map(str, new[-5:]))
+                parts.append(f"new {noun} {'… ' if len(new) > 5 else ''}{shown}")
+            if changed:
+                parts.append("updated " + ", ".join(map(str, changed[-5:])))
+            status = self.frame.set_index("serial")["status"]
+            if new:
+                parts[0] += f" ({status[new[-1]]})"
+            set_notice(self.live, " · ".join(parts), "info")
+            self.live.visible = True
+        self.version += 1
+        return new
+
+    def poll(self) -> list[int]:
+        """:meth:`check` then :meth:`sync` (blocking): the serials that appeared."""
+        self.check()
+        return self.sync()
+
+    async def _tick(self) -> None:
+        if self.poll_seconds <= 0:
+            return
+        try:
+            await in_background(None, self.check)
+        except Exception as e:  # noqa: BLE001 - a storage hiccup: shown, polling goes on
+            set_notice(self.live, f"could not check the tree: {type(e).__name__}: {e}", "warning")
+            self.live.visible = True
+            return
+        self.sync()
+
+    def start_polling(self) -> None:
+        """Poll every ``poll_seconds`` from now on (called when the table is shown)."""
+        if self.poll_seconds <= 0 or self._callback is not None:
+            return
+        self._callback = pn.state.add_periodic_callback(self._tick,
+                                                        period=int(self.poll_seconds * 1000))  # fmt: skip
+
+    def stop_polling(self) -> None:
+        if self._callback is not None:
+            self._callback.stop()
+            self._callback = None
+        self.updated: list[int] = []  # serials new or changed at the last sync
+
+    @param.depends("poll_seconds", watch=True)
+    def _on_poll_seconds(self) -> None:
+        if self._callback is None:
+            return
+        if self.poll_seconds <= 0:
+            self.stop_polling()
+        else:
+            self._callback.period = int(self.poll_seconds * 1000)
+
+    # -- view ---------------------------------------------------------------------------------
+    @param.depends("y", "version")
     def timeline(self) -> hv.Element:
         """Size (MiB) or a metric over step (or over serial where steps are unknown)."""
         f = self.frame.copy()
@@ -83,7 +220,12 @@ class SerialsTable(pn.viewable.Viewer):
         return plots.timeline(f, x, self.y, self.y, f"serials: {self.y}")
 
     def __panel__(self):
+        self.start_polling()
         plot = pn.pane.HoloViews(self.timeline, sizing_mode="stretch_width", backend="bokeh",
                                  css_classes=["ckptview-timeline"])  # fmt: skip
-        return pn.Column(self.summary, self.table, self.y_select, plot,
+        chooser = pn.widgets.MultiChoice.from_param(
+            self.param.columns, label="columns", sizing_mode="stretch_width",
+            css_classes=["ckptview-columns"],
+        )  # fmt: skip
+        return pn.Column(self.summary, self.live, chooser, self.table, self.y_select, plot,
                          sizing_mode="stretch_width")  # fmt: skip

@@ -8,10 +8,16 @@ import param
 
 import ckptview as cv
 
-from ._base import table
+from ._base import size_formatter, table
 from ._format import human_bytes, totals_frame, variables_frame
 
 SHOWN = ["name", "node", "kind", "dtype", "shape", "numel", "size", "share", "error"]
+
+
+def _bytes_size(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    frame["size"] = frame["nbytes"]
+    return frame
 
 
 class VariablesTable(pn.viewable.Viewer):
@@ -31,29 +37,42 @@ class VariablesTable(pn.viewable.Viewer):
             if serial is None and len(catalog.serials):
                 serial = int(catalog.serials.index.max())
         super().__init__(catalog=catalog, serial=serial, **params)
-        v = catalog.variables
-        nodes = sorted(set(v["node"]))
-        self.param.kinds.objects = sorted(set(v["kind"]))
-        self.param.nodes.objects = ["(shared)" if n == "" else n for n in nodes]
-        self.param.dtypes.objects = sorted(set(v["dtype"]))
+        self._seen = None
+        self._choices()
         self.heading = pn.pane.Markdown(css_classes=["ckptview-vars-heading"],
                                         sizing_mode="stretch_width")  # fmt: skip
         self.table = table(
             pd.DataFrame(columns=SHOWN), pagination="remote", page_size=50, selectable=1,
             formatters={"share": {"type": "progress", "max": 100, "legend": True,
-                                  "color": "#64b5f6", "legendAlign": "left"}},
-            titles={"share": "% of serial"}, widths={"share": 170}, css_classes=["ckptview-variables"],
+                                  "color": "#90caf9", "legendAlign": "left"},
+                        "size": size_formatter()},
+            titles={"share": "% of serial"}, widths={"share": 130, "error": 320},
+            text_align={"size": "right", "numel": "right"}, css_classes=["ckptview-variables"],
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         self.by_kind = table(pd.DataFrame(), css_classes=["ckptview-totals-kind"],
-                             hidden_columns=["nbytes"], sizing_mode="stretch_width")  # fmt: skip
+                             hidden_columns=["nbytes"], sizing_mode="stretch_width",
+                             formatters={"size": size_formatter()})  # fmt: skip
         self.by_node = table(pd.DataFrame(), css_classes=["ckptview-totals-node"],
-                             hidden_columns=["nbytes"], sizing_mode="stretch_width")  # fmt: skip
+                             hidden_columns=["nbytes"], sizing_mode="stretch_width",
+                             formatters={"size": size_formatter()})  # fmt: skip
         self._full = pd.DataFrame(columns=SHOWN)
         self._update_serial()
 
+    def _choices(self) -> None:
+        """The filter choices from the catalog's variables (again after a refresh)."""
+        v = self.catalog.variables
+        if v is self._seen:
+            return
+        self._seen = v
+        nodes = sorted(set(v["node"]))
+        self.param.kinds.objects = sorted(set(v["kind"]))
+        self.param.nodes.objects = ["(shared)" if n == "" else n for n in nodes]
+        self.param.dtypes.objects = sorted(set(v["dtype"]))
+
     @param.depends("serial", watch=True)
     def _update_serial(self) -> None:
+        self._choices()
         self._full = (
             variables_frame(self.catalog, self.serial)
             if self.serial is not None
@@ -79,15 +98,20 @@ class VariablesTable(pn.viewable.Viewer):
         f = self.filtered()
         self._shown = f
         self.table.selection = []
-        self.table.value = f[SHOWN].astype(object)
+        shown = f[SHOWN].astype(object)
+        shown["size"] = f["nbytes"].astype("int64")  # bytes, shown human-readable: sorts by size
+        self.table.value = shown
+        self.table.hidden_columns = [
+            c for c in ("node", "error") if not len(f) or (f[c].astype(str) == "").all()
+        ]  # nothing to show in them: no room taken
         total = int(f["nbytes"].sum()) if len(f) else 0
         self.heading.object = (
             f"### Serial {self.serial} · {len(f)} variables · {human_bytes(total)}"
             if self.serial is not None
             else "### No serial"
         )
-        self.by_kind.value = totals_frame(f, "kind")
-        self.by_node.value = totals_frame(f, "node")
+        self.by_kind.value = _bytes_size(totals_frame(f, "kind"))
+        self.by_node.value = _bytes_size(totals_frame(f, "node"))
 
     def _on_select(self, event) -> None:
         if event.new:
