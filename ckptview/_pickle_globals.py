@@ -374,12 +374,15 @@ def _ints(value: Any, what: str) -> tuple[int, ...]:
 
 def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: str | None,
             requires_grad: Any = False, metadata: Any = None) -> TensorRef:  # fmt: skip
-    if not isinstance(storage, StorageRef):
+    if type(storage) is not StorageRef and not isinstance(storage, StorageRef):
         raise RestrictedUnpicklingError(f"tensor rebuilt from a {type(storage).__name__}")
-    if not isinstance(offset, int):
-        raise RestrictedUnpicklingError("tensor storage_offset is not an int")
-    return TensorRef(storage, int(offset), _ints(size, "size"), _ints(stride, "stride"),
-                     dtype or storage.dtype, bool(requires_grad), metadata=metadata)  # fmt: skip
+    if type(offset) is not int:
+        if not isinstance(offset, int):
+            raise RestrictedUnpicklingError("tensor storage_offset is not an int")
+        offset = int(offset)
+    return TensorRef(storage, offset, _ints(size, "size"), _ints(stride, "stride"),
+                     dtype or storage.dtype, requires_grad is True or bool(requires_grad),
+                     False, None, metadata)  # fmt: skip
 
 
 def _rebuild_tensor(storage, offset, size, stride, *rest):
@@ -524,7 +527,6 @@ def resolve_global(
     if qual in RECORD_NAMES or qual.startswith(RECORD_PREFIXES):
         return _RecordClass(qual)
     raise RestrictedUnpicklingError(f"refused global {qual} (not in ckptview's allowlist)")
-
 
 
 def _prod(shape: Iterable[int]) -> int:

@@ -48,6 +48,8 @@ class _Source:
         self.end = size if end is None else min(int(end), size)
         if offset < 0 or offset > self.end:
             raise TruncatedError(f"pickle offset {offset} outside the file ({size} bytes)")
+        if self.data is not None and self.end < size:
+            self.data = self.data[: self.end]  # the bytes held end where the pickle must
         self.pos = offset
         self._buf = b""
         self._buf_at = 0
@@ -95,11 +97,12 @@ class _Source:
         self._buf_at = pos
 
     def window(self) -> tuple[bytes, int, int]:
-        """The bytes held: ``(buf, base, limit)``, ``buf[:limit]`` being the file's bytes
-        ``[base, base + limit)`` within the pickle's bounds."""
+        """The bytes held: ``(buf, base, limit)``, ``buf`` being the file's bytes
+        ``[base, base + limit)`` within the pickle's bounds (``len(buf) == limit``)."""
         if self.data is not None:
             return self.data, 0, self.end
-        return self._buf, self._buf_at, min(len(self._buf), self.end - self._buf_at)
+        buf, limit = self._buf, min(len(self._buf), self.end - self._buf_at)
+        return (buf if len(buf) <= limit else buf[:limit]), self._buf_at, limit
 
     def hold(self, offset: int, data: bytes) -> None:
         """Bytes of the file at ``offset`` the caller read already (with a zip local header,
@@ -276,7 +279,7 @@ def _apply(self, func: Any, args: Any, kwargs: dict | None = None) -> Any:
     if not isinstance(args, tuple):
         raise _PyUnpicklingError("REDUCE arguments are not a tuple")
     try:
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs) if kwargs else func(*args)
     except RestrictedUnpicklingError:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
@@ -677,7 +680,6 @@ _DISPATCH[b"r"] = lambda self, src, u: _put(self, u("<I", src.read(4))[0])
 _DISPATCH[b"\x94"] = lambda self, src, u: _put(self, len(self.memo))
 
 
-
 # -- the fast loop -----------------------------------------------------------------------------
 _STOPPED, _SPENT, _SLOW = 0, 1, 2  # how a run ends: STOP, its opcode budget, a slow opcode
 _BUDGET = range(1024)  # opcodes per run: the object cap is checked between runs
@@ -700,212 +702,218 @@ def _run(self: Unpickler, buf: bytes, pos: int, limit: int) -> tuple[int, int, A
     pop = stack.pop
     mark = _MARK
     lazy = _NO_LAZY if self.lazy_min is None else self.lazy_min
-    for _ in _BUDGET:
-        if pos >= limit:
-            return pos, _SLOW, None
-        op = buf[pos]
-        if op == 0x68:  # BINGET
-            if pos + 2 > limit:
-                break
-            push(memo[buf[pos + 1]])
-            pos += 2
-        elif op == 0x71:  # BINPUT
-            if pos + 2 > limit:
-                break
-            v = stack[-1]
-            if v is mark:
-                raise _PyUnpicklingError("unpickling stack underflow")
-            memo[buf[pos + 1]] = v
-            pos += 2
-        elif op == 0x72:  # LONG_BINPUT
-            if pos + 5 > limit:
-                break
-            v = stack[-1]
-            if v is mark:
-                raise _PyUnpicklingError("unpickling stack underflow")
-            memo[_U4(buf, pos + 1)[0]] = v
-            pos += 5
-        elif op == 0x94:  # MEMOIZE
-            v = stack[-1]
-            if v is mark:
-                raise _PyUnpicklingError("unpickling stack underflow")
-            memo[len(memo)] = v
-            pos += 1
-        elif op == 0x58:  # BINUNICODE
-            if pos + 5 > limit:
-                break
-            n = _U4(buf, pos + 1)[0]
-            if n >= lazy or pos + 5 + n > limit:
-                break
-            push(buf[pos + 5 : pos + 5 + n].decode("utf-8", "surrogatepass"))
-            pos += 5 + n
-        elif op == 0x8C:  # SHORT_BINUNICODE
-            if pos + 2 > limit or pos + 2 + buf[pos + 1] > limit:
-                break
-            n = buf[pos + 1]
-            push(buf[pos + 2 : pos + 2 + n].decode("utf-8", "surrogatepass"))
-            pos += 2 + n
-        elif op == 0x28:  # MARK
-            push(mark)
-            pos += 1
-        elif op == 0x4B:  # BININT1
-            if pos + 2 > limit:
-                break
-            push(buf[pos + 1])
-            pos += 2
-        elif op == 0x4D:  # BININT2
-            if pos + 3 > limit:
-                break
-            push(buf[pos + 1] | buf[pos + 2] << 8)
-            pos += 3
-        elif op == 0x4A:  # BININT
-            if pos + 5 > limit:
-                break
-            push(_I4(buf, pos + 1)[0])
-            pos += 5
-        elif op == 0x74:  # TUPLE
-            k = len(stack) - 1
-            while k >= 0 and stack[k] is not mark:
-                k -= 1
-            if k < 0:
-                raise _PyUnpicklingError("MARK not found")
-            items = tuple(stack[k + 1 :])
-            del stack[k:]
-            push(items)
-            pos += 1
-        elif op == 0x85:  # TUPLE1
-            v = stack[-1]
-            if v is mark:
-                raise _PyUnpicklingError("unpickling stack underflow")
-            stack[-1] = (v,)
-            pos += 1
-        elif op == 0x86:  # TUPLE2
-            a, b = stack[-2], stack[-1]
-            if a is mark or b is mark:
-                raise _PyUnpicklingError("unpickling stack underflow")
-            del stack[-1]
-            stack[-1] = (a, b)
-            pos += 1
-        elif op == 0x87:  # TUPLE3
-            a, b, c = stack[-3], stack[-2], stack[-1]
-            if a is mark or b is mark or c is mark:
-                raise _PyUnpicklingError("unpickling stack underflow")
-            del stack[-2:]
-            stack[-1] = (a, b, c)
-            pos += 1
-        elif op == 0x52:  # REDUCE
-            args = pop()
-            func = pop()
-            if args is mark or func is mark:
-                raise _PyUnpicklingError("unexpected MARK")
-            push(_apply(self, func, args))
-            pos += 1
-        elif op == 0x51:  # BINPERSID
-            pid = pop()
-            if pid is mark:
-                raise _PyUnpicklingError("unexpected MARK")
-            push(self._persistent(pid))
-            pos += 1
-        elif op == 0x89:  # NEWFALSE
-            push(False)
-            pos += 1
-        elif op == 0x88:  # NEWTRUE
-            push(True)
-            pos += 1
-        elif op == 0x29:  # EMPTY_TUPLE
-            push(())
-            pos += 1
-        elif op == 0x4E:  # NONE
-            push(None)
-            pos += 1
-        elif op == 0x7D:  # EMPTY_DICT
-            push({})
-            pos += 1
-        elif op == 0x5D:  # EMPTY_LIST
-            push([])
-            pos += 1
-        elif op == 0x75:  # SETITEMS
-            items = self._pop_mark()
-            if len(items) % 2:
-                raise _PyUnpicklingError("odd number of items for SETITEMS")
-            d = _container(self, dict)
-            for i in range(0, len(items), 2):
-                d[items[i]] = items[i + 1]
-            pos += 1
-        elif op == 0x65:  # APPENDS
-            items = self._pop_mark()
-            _container(self, list).extend(items)
-            pos += 1
-        elif op == 0x73:  # SETITEM
-            value = self._pop()
-            key = self._pop()
-            _container(self, dict)[key] = value
-            pos += 1
-        elif op == 0x61:  # APPEND
-            value = self._pop()
-            _container(self, list).append(value)
-            pos += 1
-        elif op == 0x47:  # BINFLOAT
-            if pos + 9 > limit:
-                break
-            push(_F8(buf, pos + 1)[0])
-            pos += 9
-        elif op == 0x8A:  # LONG1
-            if pos + 2 > limit or pos + 2 + buf[pos + 1] > limit:
-                break
-            n = buf[pos + 1]
-            push(int.from_bytes(buf[pos + 2 : pos + 2 + n], "little", signed=True))
-            pos += 2 + n
-        elif op == 0x6A:  # LONG_BINGET
-            if pos + 5 > limit:
-                break
-            push(memo[_U4(buf, pos + 1)[0]])
-            pos += 5
-        elif op == 0x32:  # DUP
-            push(self._top())
-            pos += 1
-        elif op == 0x43:  # SHORT_BINBYTES
-            if pos + 2 > limit or pos + 2 + buf[pos + 1] > limit:
-                break
-            n = buf[pos + 1]
-            push(buf[pos + 2 : pos + 2 + n])
-            pos += 2 + n
-        elif op == 0x42:  # BINBYTES
-            if pos + 5 > limit:
-                break
-            n = _U4(buf, pos + 1)[0]
-            if n >= lazy or pos + 5 + n > limit:
-                break
-            push(buf[pos + 5 : pos + 5 + n])
-            pos += 5 + n
-        elif op == 0x55:  # SHORT_BINSTRING
-            if pos + 2 > limit or pos + 2 + buf[pos + 1] > limit:
-                break
-            n = buf[pos + 1]
-            push(self._decode_string(buf[pos + 2 : pos + 2 + n]))
-            pos += 2 + n
-        elif op == 0x93:  # STACK_GLOBAL
-            _stack_global(self, None, None)
-            pos += 1
-        elif op == 0x63:  # GLOBAL
-            a = buf.find(b"\n", pos + 1, limit)
-            b = buf.find(b"\n", a + 1, limit) if a >= 0 else -1
-            if b < 0:
-                break
-            module = buf[pos + 1 : a].decode("utf-8")
-            push(self._find_class(module, buf[a + 1 : b].decode("utf-8")))
-            pos = b + 1
-        elif op == 0x81:  # NEWOBJ
-            _newobj(self, None, None)
-            pos += 1
-        elif op == 0x62:  # BUILD
-            state = self._pop()
-            _build(self, self._top(), state)
-            pos += 1
-        elif op == 0x2E:  # STOP
-            return pos + 1, _STOPPED, self._pop()
+    try:
+        for _ in _BUDGET:
+            op = buf[pos]
+            if op >= 0x60:  # two chains, each most frequent first: fewer compares
+                if op == 0x68:  # BINGET
+                    if pos + 2 > limit:
+                        break
+                    push(memo[buf[pos + 1]])
+                    pos += 2
+                elif op == 0x72:  # LONG_BINPUT
+                    if pos + 5 > limit:
+                        break
+                    v = stack[-1]
+                    if v is mark:
+                        raise _PyUnpicklingError("unpickling stack underflow")
+                    memo[_U4(buf, pos + 1)[0]] = v
+                    pos += 5
+                elif op == 0x71:  # BINPUT
+                    if pos + 2 > limit:
+                        break
+                    v = stack[-1]
+                    if v is mark:
+                        raise _PyUnpicklingError("unpickling stack underflow")
+                    memo[buf[pos + 1]] = v
+                    pos += 2
+                elif op == 0x74:  # TUPLE
+                    k = len(stack) - 1
+                    while k >= 0 and stack[k] is not mark:
+                        k -= 1
+                    if k < 0:
+                        raise _PyUnpicklingError("MARK not found")
+                    items = tuple(stack[k + 1 :])
+                    del stack[k:]
+                    push(items)
+                    pos += 1
+                elif op == 0x85:  # TUPLE1
+                    v = stack[-1]
+                    if v is mark:
+                        raise _PyUnpicklingError("unpickling stack underflow")
+                    stack[-1] = (v,)
+                    pos += 1
+                elif op == 0x89:  # NEWFALSE
+                    push(False)
+                    pos += 1
+                elif op == 0x94:  # MEMOIZE
+                    v = stack[-1]
+                    if v is mark:
+                        raise _PyUnpicklingError("unpickling stack underflow")
+                    memo[len(memo)] = v
+                    pos += 1
+                elif op == 0x8C:  # SHORT_BINUNICODE
+                    if pos + 2 > limit or pos + 2 + buf[pos + 1] > limit:
+                        break
+                    n = buf[pos + 1]
+                    push(buf[pos + 2 : pos + 2 + n].decode("utf-8", "surrogatepass"))
+                    pos += 2 + n
+                elif op == 0x88:  # NEWTRUE
+                    push(True)
+                    pos += 1
+                elif op == 0x86:  # TUPLE2
+                    a, b = stack[-2], stack[-1]
+                    if a is mark or b is mark:
+                        raise _PyUnpicklingError("unpickling stack underflow")
+                    del stack[-1]
+                    stack[-1] = (a, b)
+                    pos += 1
+                elif op == 0x87:  # TUPLE3
+                    a, b, c = stack[-3], stack[-2], stack[-1]
+                    if a is mark or b is mark or c is mark:
+                        raise _PyUnpicklingError("unpickling stack underflow")
+                    del stack[-2:]
+                    stack[-1] = (a, b, c)
+                    pos += 1
+                elif op == 0x7D:  # EMPTY_DICT
+                    push({})
+                    pos += 1
+                elif op == 0x75:  # SETITEMS
+                    items = self._pop_mark()
+                    if len(items) % 2:
+                        raise _PyUnpicklingError("odd number of items for SETITEMS")
+                    d = _container(self, dict)
+                    for i in range(0, len(items), 2):
+                        d[items[i]] = items[i + 1]
+                    pos += 1
+                elif op == 0x65:  # APPENDS
+                    items = self._pop_mark()
+                    _container(self, list).extend(items)
+                    pos += 1
+                elif op == 0x73:  # SETITEM
+                    value = self._pop()
+                    key = self._pop()
+                    _container(self, dict)[key] = value
+                    pos += 1
+                elif op == 0x61:  # APPEND
+                    value = self._pop()
+                    _container(self, list).append(value)
+                    pos += 1
+                elif op == 0x8A:  # LONG1
+                    if pos + 2 > limit or pos + 2 + buf[pos + 1] > limit:
+                        break
+                    n = buf[pos + 1]
+                    push(int.from_bytes(buf[pos + 2 : pos + 2 + n], "little", signed=True))
+                    pos += 2 + n
+                elif op == 0x6A:  # LONG_BINGET
+                    if pos + 5 > limit:
+                        break
+                    push(memo[_U4(buf, pos + 1)[0]])
+                    pos += 5
+                elif op == 0x93:  # STACK_GLOBAL
+                    _stack_global(self, None, None)
+                    pos += 1
+                elif op == 0x63:  # GLOBAL
+                    a = buf.find(b"\n", pos + 1, limit)
+                    b = buf.find(b"\n", a + 1, limit) if a >= 0 else -1
+                    if b < 0:
+                        break
+                    module = buf[pos + 1 : a].decode("utf-8")
+                    push(self._find_class(module, buf[a + 1 : b].decode("utf-8")))
+                    pos = b + 1
+                elif op == 0x81:  # NEWOBJ
+                    _newobj(self, None, None)
+                    pos += 1
+                elif op == 0x62:  # BUILD
+                    state = self._pop()
+                    _build(self, self._top(), state)
+                    pos += 1
+                else:
+                    break
+            else:
+                if op == 0x58:  # BINUNICODE
+                    if pos + 5 > limit:
+                        break
+                    n = _U4(buf, pos + 1)[0]
+                    if n >= lazy or pos + 5 + n > limit:
+                        break
+                    push(buf[pos + 5 : pos + 5 + n].decode("utf-8", "surrogatepass"))
+                    pos += 5 + n
+                elif op == 0x28:  # MARK
+                    push(mark)
+                    pos += 1
+                elif op == 0x4D:  # BININT2
+                    if pos + 3 > limit:
+                        break
+                    push(buf[pos + 1] | buf[pos + 2] << 8)
+                    pos += 3
+                elif op == 0x4B:  # BININT1
+                    if pos + 2 > limit:
+                        break
+                    push(buf[pos + 1])
+                    pos += 2
+                elif op == 0x52:  # REDUCE
+                    args = pop()
+                    func = pop()
+                    if args is mark or func is mark:
+                        raise _PyUnpicklingError("unexpected MARK")
+                    push(_apply(self, func, args))
+                    pos += 1
+                elif op == 0x51:  # BINPERSID
+                    pid = pop()
+                    if pid is mark:
+                        raise _PyUnpicklingError("unexpected MARK")
+                    push(self._persistent(pid))
+                    pos += 1
+                elif op == 0x29:  # EMPTY_TUPLE
+                    push(())
+                    pos += 1
+                elif op == 0x4A:  # BININT
+                    if pos + 5 > limit:
+                        break
+                    push(_I4(buf, pos + 1)[0])
+                    pos += 5
+                elif op == 0x4E:  # NONE
+                    push(None)
+                    pos += 1
+                elif op == 0x5D:  # EMPTY_LIST
+                    push([])
+                    pos += 1
+                elif op == 0x47:  # BINFLOAT
+                    if pos + 9 > limit:
+                        break
+                    push(_F8(buf, pos + 1)[0])
+                    pos += 9
+                elif op == 0x32:  # DUP
+                    push(self._top())
+                    pos += 1
+                elif op == 0x43:  # SHORT_BINBYTES
+                    if pos + 2 > limit or pos + 2 + buf[pos + 1] > limit:
+                        break
+                    n = buf[pos + 1]
+                    push(buf[pos + 2 : pos + 2 + n])
+                    pos += 2 + n
+                elif op == 0x42:  # BINBYTES
+                    if pos + 5 > limit:
+                        break
+                    n = _U4(buf, pos + 1)[0]
+                    if n >= lazy or pos + 5 + n > limit:
+                        break
+                    push(buf[pos + 5 : pos + 5 + n])
+                    pos += 5 + n
+                elif op == 0x55:  # SHORT_BINSTRING
+                    if pos + 2 > limit or pos + 2 + buf[pos + 1] > limit:
+                        break
+                    n = buf[pos + 1]
+                    push(self._decode_string(buf[pos + 2 : pos + 2 + n]))
+                    pos += 2 + n
+                elif op == 0x2E:  # STOP
+                    return pos + 1, _STOPPED, self._pop()
+                else:
+                    break
         else:
-            break
-    else:
-        return pos, _SPENT, None
+            return pos, _SPENT, None
+    except IndexError:
+        if pos < limit:  # a stack underflow
+            raise
     return pos, _SLOW, None

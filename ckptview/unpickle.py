@@ -68,6 +68,7 @@ for _cls in (ArrayRef, DtypeRef, LazyBytes, Record, RestrictedUnpicklingError, S
              StorageType, TensorRef, TorchDtype, Unpickler):  # fmt: skip
     _cls.__module__ = __name__  # the public home: reprs, docs and pickles name it
 
+
 # -- public helpers ----------------------------------------------------------------------------
 def load_pickle(
     source: bytes | Blob,

@@ -7,6 +7,7 @@ changed. Expected values are computed from the catalogs, not from the page.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,7 +23,7 @@ from playwright.sync_api import Page, expect
 
 import ckptview as cv
 from ckptview.demo import write_demo
-from ckptview.widgets._format import fmt_number, serials_frame
+from ckptview.widgets._format import fmt_number, human_bytes, serials_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = Path(os.environ.get("CKPTVIEW_APP", ROOT / "app" / "ckptview_app.py"))
@@ -58,18 +59,22 @@ def free_port() -> int:
 class Server:
     """``panel serve APP --args URL...`` in a subprocess, stopped by its own pid."""
 
-    def __init__(self, urls: list[str], allow_write: bool = False, extra: list[str] = ()):
+    def __init__(self, urls: list[str], allow_write: bool = False, extra: list[str] = (),
+                 app_args: list[str] = (), timeout: float = 120):  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/{APP.stem}"
         cmd = [sys.executable, "-m", "panel", "serve", str(APP), "--port", str(self.port),
                "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{self.port}",
-               *extra, "--args", *urls, *(["--allow-write"] if allow_write else [])]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=ROOT)  # fmt: skip
-        deadline = time.monotonic() + 120
+               *extra, "--args", *urls, *(["--allow-write"] if allow_write else []),
+               *app_args]  # fmt: skip
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file: a chatty server never blocks
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True,
+                                     cwd=ROOT)  # fmt: skip
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"panel serve exited: {self.proc.stdout.read()}")
+                self.log.seek(0)
+                raise RuntimeError(f"panel serve exited: {self.log.read()[-4000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=5):
                     return
@@ -87,6 +92,7 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +182,23 @@ def test_serials_and_variables_of_the_demo(page: Page, writable):
     st = cat.stats(1, names=["fc_1.w_0"]).iloc[0]
     expect(page.locator(".ckptview-stats")).to_contain_text(fmt_number(st["l2"]), timeout=WAIT)
     shot(page, "browse")
+
+
+def test_size_column_sorts_by_bytes(page: Page, writable):
+    server, root = writable
+    cat = cv.open(root)
+    page.goto(server.url)
+    rows = page.locator(".ckptview-serials .tabulator-row")
+    expect(rows.first).to_be_visible(timeout=WAIT)
+    page.locator(
+        ".ckptview-serials .tabulator-col[tabulator-field=size] .tabulator-col-title"
+    ).click()
+    order = cat.serials.sort_values("nbytes", kind="stable").index
+    expect(rows.first.locator("[tabulator-field=serial]")).to_have_text(str(order[0]), timeout=WAIT)
+    expect(rows.last.locator("[tabulator-field=serial]")).to_have_text(str(order[-1]))
+    expect(rows.first.locator("[tabulator-field=size]")).to_have_text(
+        human_bytes(cat.serials["nbytes"].min())
+    )
 
 
 def test_compare_shows_a_changed_variable_with_its_numbers(page: Page, writable):
@@ -302,5 +325,28 @@ def test_works_behind_basic_auth(page: Page, trees):
         page.locator("input[name=password]").fill("s3cret-pw")
         page.locator("button[type=submit], input[type=submit]").first.click()
         expect_serials(page, cv.open(trees["caffe2/ckpt"]))
+    finally:
+        server.stop()
+
+
+def test_live_run_new_serial_appears_while_the_page_is_open(page: Page, tmp_path):
+    root = write_demo(tmp_path / "live", serials=4).root
+    server = Server([str(root)], app_args=["--poll", "1"])
+    try:
+        page.goto(server.url)
+        rows = page.locator(".ckptview-serials .tabulator-row")
+        expect(rows).to_have_count(4, timeout=WAIT)
+        rows.nth(1).click()
+        heading = page.locator(".ckptview-vars-heading")
+        expect(heading).to_contain_text("Serial 1 ·", timeout=WAIT)
+        shutil.copytree(Path(root) / "checkpoint_2", Path(root) / "checkpoint_4")  # a new save
+        expect(rows).to_have_count(5, timeout=15_000)  # a few poll periods
+        expect(rows.nth(4).locator("[tabulator-field=serial]")).to_have_text("4")
+        expect(rows.nth(4).locator(".cv-badge.cv-latest")).to_have_count(1)
+        expect(page.locator(".ckptview-live")).to_contain_text("new serial 4")
+        expect(page.locator(".ckptview-summary")).to_contain_text("5 serials")
+        expect(rows.nth(1)).to_have_class(re.compile("tabulator-selected"))  # selection kept
+        expect(heading).to_contain_text("Serial 1 ·")
+        shot(page, "live")
     finally:
         server.stop()

@@ -160,3 +160,116 @@ def test_legacy_listing_reads_each_byte_once():
     cat = cv.open(str(path), cache=False)
     assert cat.variables["error"].isna().all()
     assert cat.storage.counters.bytes_read <= path.stat().st_size
+
+
+# -- requests per zip file: payload offsets predicted from the central directory --------------
+def _torch_pickle(n: int) -> bytes:
+    """A protocol-2 state dict of ``n`` float32 tensors of 3 elements, storage ``i`` each."""
+    out = [b"\x80\x02}q\x00("]
+    for i in range(n):
+        key, sk = f"w{i}".encode(), str(i).encode()
+        out += [
+            b"X" + struct.pack("<I", len(key)) + key,
+            b"ctorch._utils\n_rebuild_tensor_v2\n(",
+            b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\nX" + struct.pack("<I", len(sk)),
+            sk + b"X\x03\x00\x00\x00cpuK\x03tQK\x00K\x03\x85K\x01\x85\x89)tR",
+        ]
+    return b"".join(out) + b"u."
+
+
+def _aligned_zip(records: dict[str, bytes], alignment: int = 64, lie: str = "") -> bytes:
+    """An archive laid out as PyTorchStreamWriter writes it: each payload at a multiple of
+    ``alignment`` (``FB`` padding in the local extra field), a data descriptor after it.
+    ``lie``: that record's local extra field is 16 bytes longer than the writer's and it has
+    no descriptor, so the central directory still looks torch-written."""
+    out, central = bytearray(), bytearray()
+    for name, data in records.items():
+        raw = name.encode()
+        at = len(out)
+        start = at + 30 + len(raw) + 4
+        pad = -start % alignment + (16 if name == lie else 0)
+        extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
+        crc = zipfile.crc32(data)
+        flags = 0x808 if data else 0x800
+        out += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 0, flags, 0, 0, 0, 0, 0, 0,
+                           len(raw), len(extra)) + raw + extra  # fmt: skip
+        assert name == lie or len(out) % alignment == 0
+        out += data
+        if flags & 8 and name != lie:
+            out += struct.pack("<4sIII", b"PK\x07\x08", crc, len(data), len(data))
+        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 0, 0, flags, 0, 0, 0, crc,
+                               len(data), len(data), len(raw), 0, 0, 0, 0, 0, at) + raw  # fmt: skip
+    cd_at = len(out)
+    out += central
+    n = len(records)
+    out += struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, n, n, len(central), cd_at, 0)
+    return bytes(out)
+
+
+def _torch_records(n: int) -> dict[str, bytes]:
+    recs = {"m/data.pkl": _torch_pickle(n), "m/.format_version": b"1",
+            "m/.storage_alignment": b"64", "m/byteorder": b"little"}  # fmt: skip
+    recs.update({f"m/data/{i}": (np.arange(3, dtype="<f4") + i).tobytes() for i in range(n)})
+    recs.update({"m/version": b"3\n", "m/.data/serialization_id": b"0" * 40})
+    return recs
+
+
+def _open(path):
+    from ckptview.codecs.torch import TorchCodec
+    from ckptview.io import Storage
+
+    storage, p = Storage.from_url(str(path))
+    return storage, storage.blob(p), TorchCodec()
+
+
+def _check_values(blob, codec, variables, n):
+    by = {v.name: v for v in variables}
+    assert sorted(by) == sorted(f"w{i}" for i in range(n))
+    for i in range(n):
+        want = np.arange(3, dtype="<f4") + i
+        assert np.array_equal(codec.read(blob, by[f"w{i}"]), want), i
+        pieces = list(codec.iter_chunks(blob, by[f"w{i}"], 4))  # one element per piece
+        assert np.array_equal(np.concatenate(pieces), want), i
+
+
+def test_aligned_zip_lists_in_constant_requests(tmp_path):
+    """200 storages: the tail, the directory and data.pkl, not one read per local header."""
+    path = tmp_path / "aligned.pt"
+    path.write_bytes(_aligned_zip(_torch_records(200)))
+    storage, blob, codec = _open(path)
+    variables = codec.list_variables(blob, {})
+    assert storage.counters.requests <= 4, storage.counters.requests  # the head included
+    assert len(variables) == 200 and all(v.span is not None for v in variables)
+    storage.counters.reset()
+    v = next(v for v in variables if v.name == "w150")
+    assert np.array_equal(codec.read(blob, v), np.arange(3, dtype="<f4") + 150)
+    assert storage.counters.requests == 1  # the local header comes with the values
+    assert v.span.offset % 64 == 0
+    _check_values(blob, codec, variables, 200)
+
+
+def test_wrong_prediction_is_caught_when_reading(tmp_path):
+    """A record whose local header disagrees with the prediction (the directory looking
+    torch-written) reads its values from the exact offset."""
+    path = tmp_path / "lying.pt"
+    path.write_bytes(_aligned_zip(_torch_records(200), lie="m/data/150"))
+    storage, blob, codec = _open(path)
+    variables = codec.list_variables(blob, {})
+    v = next(v for v in variables if v.name == "w150")
+    assert v.locator[0] == "check"  # listed at the predicted offset ...
+    storage.counters.reset()
+    assert np.array_equal(codec.read(blob, v), np.arange(3, dtype="<f4") + 150)
+    assert storage.counters.requests == 2  # ... which the read finds wrong: read again
+    _check_values(blob, codec, variables, 200)
+
+
+def test_other_zip_writers_read_correct_values(tmp_path):
+    """Python's zipfile (no padding, no alignment): the local headers are read instead."""
+    path = tmp_path / "plain.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in _torch_records(30).items():
+            z.writestr(name, data)
+    storage, blob, codec = _open(path)
+    variables = codec.list_variables(blob, {})
+    assert all(v.locator is None for v in variables)  # exact offsets: nothing left to check
+    _check_values(blob, codec, variables, 30)

@@ -5,6 +5,7 @@ Expected values come from the catalog (or the demo's own arrays), never from the
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import numpy as np
@@ -16,6 +17,7 @@ from ckptview.demo import model_arrays, write_demo
 from ckptview.widgets import (
     AccessRefused,
     CompareView,
+    Dashboard,
     Guard,
     RestoreView,
     RetentionView,
@@ -183,7 +185,8 @@ def test_retention_plan_confirm_apply(cat):
     assert view.doomed() == doomed and len(cat.serials) == SERIALS  # nothing deleted yet
     assert view.delete.visible and view.delete.label.startswith(f"Delete {len(doomed)} checkpoints")
     view.ask()
-    assert view.confirm.label == f"Delete {len(doomed)} checkpoints" and view.dialog.visible
+    assert view.confirm.label == f"Delete {len(doomed)} checkpoints" and view.dialog.open
+    assert type(view.dialog).__name__ == "Dialog"  # a real modal (panel-material-ui)
     view.show_result(view.apply())
     assert sorted(set(range(SERIALS)) - set(cat.refresh().serials.index)) == doomed
     assert f"Deleted {len(doomed)} checkpoints" in view.message.object
@@ -210,7 +213,7 @@ def test_read_only_offers_and_does_nothing(cat):
     with pytest.raises(AccessRefused):
         ret.save()
     ret._on_delete()  # a forced click is refused and shown
-    assert "refused" in ret.message.object and not ret.dialog.visible
+    assert "refused" in ret.message.object and not ret.dialog.open
     rv = RestoreView(ws)
     rv.serial = 1
     rv.show_plan(rv.plan())
@@ -240,3 +243,90 @@ def test_build_app_renders(demo):
     page = build_app([str(demo.root)])
     model = page.get_root()
     assert model is not None
+
+
+# -- sizes sort by bytes; readable column sets -----------------------------------------------------
+def test_size_columns_hold_bytes_so_they_sort_by_size(cat):
+    table = SerialsTable(cat, poll_seconds=0)
+    assert list(table.table.value["size"]) == list(cat.serials["nbytes"])
+    table.table.sorters = [{"field": "size", "dir": "desc"}]
+    want = cat.serials.sort_values("nbytes", ascending=False).index
+    assert list(table.table.current_view["serial"]) == list(want)
+    vt = VariablesTable(cat, serial=2)
+    vt.table.sorters = [{"field": "size", "dir": "asc"}]
+    sizes = list(vt.table.current_view["size"])
+    assert sizes == sorted(sizes) and sizes[-1] > 1024  # numeric order, not "9.0 KiB" < "10 B"
+    assert type(vt.table.formatters["size"]).__name__ == "HTMLTemplateFormatter"
+
+
+def test_hf_serials_show_a_readable_set_of_columns():
+    cat = cv.open(corpus_path("modern", "hf"))
+    table = SerialsTable(cat, poll_seconds=0)
+    metrics = set(cat.metrics["name"])
+    shown = [c for c in table.table.value.columns if c not in table.table.hidden_columns]
+    assert len([c for c in shown if c in metrics]) == 2 and "loss" in shown
+    assert "nodes" not in shown  # empty on this tree
+    table.columns = [*table.columns, "grad_norm"]  # the column chooser
+    assert "grad_norm" not in table.table.hidden_columns
+
+
+# -- live runs ---------------------------------------------------------------------------------------
+def add_serial(root, source: int, new: int) -> None:
+    """A new serial on disk, as a running job would write it (a copy of a complete one)."""
+    shutil.copytree(root / f"checkpoint_{source}", root / f"checkpoint_{new}")
+
+
+def test_live_run_new_serial_is_added_in_place(cat, demo):
+    browser = RunBrowser(cat, poll_seconds=0)
+    table = browser.serials
+    table.select(2)
+    assert browser.poll() == [] and not table.live.visible  # nothing changed: nothing redone
+    add_serial(demo.root, 4, SERIALS)
+    assert browser.poll() == [SERIALS]
+    expected = cv.open(demo.root).serials
+    assert list(table.table.value["serial"]) == list(expected.index)
+    assert table.selected == 2 and table.table.selection == [2] and browser.variables.serial == 2
+    assert table.live.visible and f"new serial {SERIALS}" in table.live.object
+    assert f"{SERIALS + 1} serials" in table.summary.object
+    assert f"resume point: **{SERIALS}**" in table.summary.object
+    assert table.frame.set_index("serial").loc[SERIALS, "status"] == "latest"
+
+
+def test_live_run_polls_on_its_own_period(cat, demo):
+    table = SerialsTable(cat, poll_seconds=0.01)
+    table.table.page = 1
+    add_serial(demo.root, 3, SERIALS)
+    asyncio.run(table._tick())  # what the periodic callback runs
+    assert SERIALS in set(table.table.value["serial"]) and table.table.page == 1
+    table.poll_seconds = 0
+    add_serial(demo.root, 3, SERIALS + 1)
+    asyncio.run(table._tick())  # polling off: the table stays as it is
+    assert SERIALS + 1 not in set(table.table.value["serial"])
+
+
+def test_dashboard_poll_updates_every_view(demo):
+    ws = Workspace([cv.open(demo.root)], guard=Guard(roots=[str(demo.root)], allow_write=True))
+    dash = Dashboard(ws, poll_seconds=0)
+    add_serial(demo.root, 4, SERIALS)
+    assert dash.poll() == [SERIALS]
+    assert SERIALS in dash.compare.param.serial_a.objects
+    assert SERIALS in dash.restore.param.serial.objects.values()
+    assert SERIALS in dash.retention.param.pinned.objects
+
+
+# -- restore of an incomplete serial ----------------------------------------------------------------
+def test_restore_of_an_incomplete_serial_needs_force(cat, tmp_path):
+    ws = Workspace([cat], guard=Guard(roots=[str(tmp_path)], allow_write=True))
+    view = RestoreView(ws)
+    crashed = SERIALS - 1
+    assert view.param.serial.objects[f"{crashed} (incomplete)"] == crashed
+    assert not view.force_box.visible
+    view.param.update(serial=crashed, mode="copy", destination=str(tmp_path / "forced"))
+    assert view.force_box.visible
+    with pytest.raises(ValueError, match="incomplete.*force"):
+        view.plan()
+    view.force = True
+    view.show_plan(view.plan())
+    assert view.confirm.visible and "Forced" in view.message.object
+    view.show_result(view.apply())
+    assert (tmp_path / "forced").exists()

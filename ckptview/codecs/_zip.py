@@ -6,6 +6,16 @@ directory from one ranged read, and the local headers of the wanted members (wit
 bytes of their data, when asked) from one batch. Bytes inside the Blob's cached first block
 are served from it, so a small archive costs one read. Nothing here trusts a size field: every
 offset is checked against the file's size before anything is read or allocated.
+
+**Aligned archives** (PyTorchStreamWriter): every record's payload starts at the next multiple
+of the archive's alignment (64 by default, the ``.storage_alignment`` record) past its local
+header, the extra field being padded to get there (``FB`` + ``Z``s; ``getPadding`` in
+PyTorch's ``caffe2/serialize/inline_container.cc``). :func:`aligned_offset` predicts that
+offset from the central directory alone and :func:`packed` says whether the directory agrees
+with it (each record is followed by the next one, or the directory, right after its payload
+and data descriptor), so a reader need not fetch one local header per record; a prediction is
+still checked against the local header when the record is read (:func:`header_check`), the
+header coming in the same ranged read as the payload.
 """
 
 from __future__ import annotations
@@ -37,9 +47,17 @@ class ZipEntry:
     flag_bits: int
     name_len: int  # raw length of the name, and of the central extra field: the local
     extra_len: int  # header usually repeats both, so they size a first read of it
+    base: int = 0  # bytes before the archive (a self-extracting stub): offsets include them
 
     def is_dir(self) -> bool:
         return self.filename.endswith("/")
+
+
+class Directory(dict):
+    """name -> :class:`ZipEntry`, in directory order; ``cd_start``: where the central directory
+    begins (the end of the last record)."""
+
+    cd_start: int = 0
 
 
 class Seen:
@@ -106,7 +124,7 @@ def read(blob: Blob, offset: int, length: int, seen: Seen | None = None) -> byte
     return read_ranges(blob, [(offset, offset + length)], seen)[0]
 
 
-def read_directory(blob: Blob, seen: Seen | None = None) -> dict[str, ZipEntry]:
+def read_directory(blob: Blob, seen: Seen | None = None) -> Directory:
     """The members of a zip archive, in directory order (a repeated name: the last one)."""
     size = blob.size
     if size < 22:
@@ -157,7 +175,8 @@ def read_directory(blob: Blob, seen: Seen | None = None) -> dict[str, ZipEntry]:
         cd = read(blob, cd_start, tail_at - cd_start, seen) + tail[: cd_start + cd_size - tail_at]
     else:
         cd = read(blob, cd_start, cd_size, seen)
-    out: dict[str, ZipEntry] = {}
+    out = Directory()
+    out.cd_start = cd_start
     pos = 0
     for _ in range(n_total):
         if pos + 46 > len(cd) or cd[pos : pos + 4] != _CENTRAL:
@@ -172,7 +191,9 @@ def read_directory(blob: Blob, seen: Seen | None = None) -> dict[str, ZipEntry]:
         name = raw.decode("utf-8" if flags & 0x800 else "cp437", "replace")
         extra = cd[pos + 46 + nlen : pos + 46 + nlen + xlen]
         usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
-        out[name] = ZipEntry(name, offset + concat, csize, usize, method, crc, flags, nlen, xlen)
+        out[name] = ZipEntry(
+            name, offset + concat, csize, usize, method, crc, flags, nlen, xlen, concat
+        )
         pos += 46 + nlen + xlen + clen
     return out
 
@@ -230,4 +251,90 @@ def locate(
         for (i, _, _), data in zip(missing, more, strict=True):
             start, have = out[i]  # type: ignore[misc]
             out[i] = (start, have + data)
+    return out
+
+
+# -- aligned archives (PyTorchStreamWriter) ---------------------------------------------------
+DEFAULT_ALIGNMENT = 64
+_U32 = 0xFFFFFFFF
+
+
+def aligned_offset(e: ZipEntry, alignment: int = DEFAULT_ALIGNMENT) -> int:
+    """Where PyTorchStreamWriter puts a record's payload: past the local header, its name, the
+    padding field's own 4 bytes and (sizes or offset >= 4 GiB) the zip64 field, rounded up to
+    ``alignment`` -- ``getPadding`` of ``inline_container.cc``."""
+    at = e.header_offset - e.base  # the writer counts from the start of its archive
+    start = at + 30 + e.name_len + 4
+    if e.file_size >= _U32 or at >= _U32:
+        start += 4 + (16 if e.file_size >= _U32 else 0) + (8 if at >= _U32 else 0)
+    return e.base + -(-start // alignment) * alignment
+
+
+def packed(directory: Directory, alignment: int = DEFAULT_ALIGNMENT) -> set[str]:
+    """Names of the stored records whose predicted payload (:func:`aligned_offset`) ends right
+    where the directory says the next record (or the directory) starts, past a data descriptor
+    when the record has one: what PyTorchStreamWriter writes. A record written otherwise
+    (another extra field, compression, a gap) fails the test."""
+    order = sorted(directory.values(), key=lambda e: e.header_offset)
+    ends = [e.header_offset for e in order[1:]] + [directory.cd_start]
+    out = set()
+    for e, nxt in zip(order, ends, strict=True):
+        if e.compress_type != STORED or e.compress_size != e.file_size:
+            continue
+        if directory.get(e.filename) is not e:  # a name repeated: the earlier one is hidden
+            continue
+        gap = nxt - (aligned_offset(e, alignment) + e.compress_size)
+        if gap in ((16, 24) if e.flag_bits & 8 else (0,)):
+            out.add(e.filename)
+    return out
+
+
+def header_check(e: ZipEntry, header: bytes) -> int:
+    """The exact payload offset of ``e`` from its local header's first ``30 + name_len`` (or
+    more) bytes; ValueError when they are not ``e``'s local header."""
+    if len(header) < 30 + e.name_len or header[:4] != LOCAL_MAGIC:
+        raise ValueError(f"zip member {e.filename}: bad local header")
+    nlen, xlen = struct.unpack_from("<HH", header, 26)
+    raw = header[30 : 30 + nlen]
+    name = raw.decode("utf-8" if e.flag_bits & 0x800 else "cp437", "replace")
+    if nlen != e.name_len or name != e.filename:
+        raise ValueError(f"zip member {e.filename}: local header names {name!r}")
+    return e.header_offset + 30 + nlen + xlen
+
+
+def read_members(
+    blob: Blob, entries: list[ZipEntry], limit: int, alignment: int = DEFAULT_ALIGNMENT
+) -> list[tuple[int, bytes]]:
+    """Per member: (exact payload offset, its first ``min(limit, size)`` bytes), headers and
+    payloads together: one request when the members lie close together (as torch's small
+    records do), sized by :func:`aligned_offset` and completed by a second batch only for a
+    member whose local header is longer than predicted."""
+    size = blob.size
+    ranges = []
+    for e in entries:
+        if e.header_offset < 0 or e.header_offset + 30 > size:
+            raise TruncatedError(f"zip member {e.filename} lies beyond the end of the file")
+        want = aligned_offset(e, alignment) + min(limit, e.compress_size)
+        ranges.append((e.header_offset, min(max(want, e.header_offset + 30 + e.name_len), size)))
+    lo, hi = min(a for a, _ in ranges), max(b for _, b in ranges)
+    if hi - lo <= sum(b - a for a, b in ranges) + (64 << 10):  # close together: one read
+        hull = read_ranges(blob, [(lo, hi)])[0]
+        got = [hull[a - lo : b - lo] for a, b in ranges]
+    else:
+        got = read_ranges(blob, ranges)
+    out: list[tuple[int, bytes]] = []
+    missing = []
+    for i, (e, (a, _), data) in enumerate(zip(entries, ranges, got, strict=True)):
+        start = header_check(e, data)
+        if start + e.compress_size > size:
+            raise TruncatedError(f"zip member {e.filename} runs past the end of the file")
+        want = min(limit, e.compress_size)
+        have = data[start - a : start - a + want]
+        out.append((start, have))
+        if len(have) < want:
+            missing.append((i, start + len(have), start + want))
+    if missing:
+        more = read_ranges(blob, [(a, b) for _, a, b in missing])
+        for (i, _, _), data in zip(missing, more, strict=True):
+            out[i] = (out[i][0], out[i][1] + data)
     return out

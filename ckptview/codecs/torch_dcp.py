@@ -19,7 +19,7 @@ import numpy as np
 from ..dtypes import np_dtype
 from ..io import Blob, Storage, TruncatedError
 from ..model import VarInfo
-from ..unpickle import Record, TorchDtype, Unpickler, load_pickle, torch_persistent_load
+from ..unpickle import Record, TorchDtype, load_pickle
 from .base import Codec
 
 MAX_METADATA = 1 << 30
@@ -223,12 +223,9 @@ def _chunk_values(storage: Storage, root: str, chunk: Chunk, dt: np.dtype) -> np
 def _object_value(blob: Blob) -> np.ndarray:
     """A torch.save'd non-tensor value (int, float, str, list …) as a numpy array."""
     if blob.head(4) == b"PK\x03\x04":
-        from .torch import payload_offsets, zip_entries
+        from .torch import open_torch
 
-        entries = zip_entries(blob)
-        root = next(iter(entries)).split("/", 1)[0]
-        at, n = payload_offsets(blob, entries, [f"{root}/data.pkl"])[f"{root}/data.pkl"]
-        value = Unpickler(blob, offset=at, end=at + n, persistent_load=torch_persistent_load).load()
+        value = open_torch(blob).obj  # data.pkl with its local header: one ranged read
     else:
         value = load_pickle(blob)
     if isinstance(value, (bool, int, float, complex)) or (

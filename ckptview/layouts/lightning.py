@@ -17,17 +17,16 @@ import io
 import math
 import posixpath
 import re
-import zipfile
 from typing import Any
 
 import numpy as np
 
-from ..codecs.numpy import _payload_offset
+from ..codecs.torch import ZipRecord, open_torch
 from ..dtypes import np_dtype
 from ..io import Blob
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from ..unpickle import Record, StorageRef, TensorRef, Unpickler, torch_persistent_load
+from ..unpickle import Record, StorageRef, TensorRef
 from .base import Layout, Op
 
 LAST = re.compile(r"^last(?:-v(\d+))?\.ckpt$")
@@ -35,47 +34,19 @@ STEP = re.compile(r"(?<![A-Za-z0-9_])step=(\d+)")
 GLOBAL_STEP = re.compile(r"global_step=(\d+)")
 EPOCH = re.compile(r"(?<![A-Za-z0-9_])epoch=(\d+)")
 VERSION = re.compile(r"-v(\d+)\.ckpt$")
-MAX_PICKLE = 256 << 20
 
 
 # -- peeking into torch files (the pickle only; tensors stay unread) ---------------------------
 class TorchPeek:
-    """The unpickled object of a torch file and a reader for its small scalar tensors."""
+    """The unpickled object of a torch file and a reader for its small scalar tensors (the
+    torch codec opens the file: :func:`ckptview.codecs.torch.open_torch`)."""
 
     def __init__(self, blob: Blob):
         self.blob = blob
-        self.records: dict[str, tuple[int, int]] = {}  # storage key -> (offset, length)
-        self.obj = self._load()
-
-    def _load(self) -> Any:
-        head = self.blob.head(16)
-        if head.startswith(b"PK\x03\x04"):
-            return self._load_zip()
-        unp = Unpickler(self.blob, persistent_load=_legacy_pid)
-        for _ in range(3):  # magic number, protocol version, sys info
-            unp.load()
-            unp = Unpickler(self.blob, offset=unp.pos, persistent_load=_legacy_pid)
-        return unp.load()
-
-    def _load_zip(self) -> Any:
-        with self.blob.open() as f:
-            infos = zipfile.ZipFile(f).infolist()
-        if not infos:
-            raise ValueError("empty zip")
-        root = infos[0].filename.split("/", 1)[0]
-        pkl = None
-        for info in infos:
-            if info.filename == f"{root}/data.pkl":
-                pkl = info
-            elif info.filename.startswith(f"{root}/data/") and info.compress_type == 0:
-                key = info.filename[len(root) + 6 :]
-                self.records[key] = (_payload_offset(self.blob, info), info.file_size)
-        if pkl is None or pkl.compress_type != 0 or pkl.file_size > MAX_PICKLE:
-            raise ValueError("no stored data.pkl record")
-        start = _payload_offset(self.blob, pkl)
-        unp = Unpickler(self.blob, offset=start, end=start + pkl.file_size,
-                        persistent_load=torch_persistent_load)  # fmt: skip
-        return unp.load()
+        opened = open_torch(blob, views_ok=True)
+        self.records: dict[str, ZipRecord] = opened.records  # storage key -> its bytes
+        self.big_endian = opened.big_endian
+        self.obj = opened.obj
 
     def scalar(self, value: Any) -> float | None:
         """A number, or the value of a one-element tensor (one small ranged read)."""
@@ -89,19 +60,14 @@ class TorchPeek:
         if not isinstance(storage, StorageRef) or storage.key not in self.records:
             return None
         dt = np_dtype(value.dtype)
-        offset, length = self.records[storage.key]
+        if self.big_endian and dt.itemsize > 1:
+            dt = dt.newbyteorder(">")
+        record = self.records[storage.key]
         at = value.storage_offset * dt.itemsize
-        if at + dt.itemsize > length:
+        if at + dt.itemsize > record.size:
             return None
-        raw = self.blob.read(offset + at, dt.itemsize)
+        raw = record.fetch(self.blob, at, dt.itemsize)[1]
         return float(np.frombuffer(raw, dtype=dt)[0])
-
-
-def _legacy_pid(pid: Any) -> Any:
-    """Legacy-format storage ids carry a sixth (view) element; the storage itself is the same."""
-    if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
-        return torch_persistent_load(tuple(pid[:5]))
-    return torch_persistent_load(pid)
 
 
 def torch_object(blob: Blob) -> Any:

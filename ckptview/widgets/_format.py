@@ -107,11 +107,16 @@ MAX_METRIC_COLUMNS = 6
 
 
 def shown_metrics(names) -> list:
-    """At most :data:`MAX_METRIC_COLUMNS` metric names, loss/accuracy-like ones first."""
+    """At most :data:`MAX_METRIC_COLUMNS` metric names: loss-like first, then accuracy-like, …"""
     names = list(names)
     key = ("loss", "acc", "score", "metric", "eval", "val")
-    ranked = sorted(names, key=lambda n: (not any(k in str(n).lower() for k in key), str(n)))
-    return ranked[:MAX_METRIC_COLUMNS]
+
+    def rank(n) -> tuple:
+        low = str(n).lower()
+        hits = [i for i, k in enumerate(key) if k in low]
+        return (min(hits) if hits else len(key), str(n))
+
+    return sorted(names, key=rank)[:MAX_METRIC_COLUMNS]
 
 
 def serials_frame(cat) -> pd.DataFrame:

@@ -64,7 +64,7 @@ class RetentionView(pn.viewable.Viewer):
         self.plan_button = pn.widgets.Button(label="Plan", color="primary",
                                              css_classes=["ckptview-retention-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
-        self.save_button = pn.widgets.Button(label="Save policy with the tree", variant="outlined", color="primary",
+        self.save_button = pn.widgets.Button(label="Save policy with the tree", variant="outline", color="primary",
                                              visible=self.workspace.allow_write,
                                              css_classes=["ckptview-retention-save"])  # fmt: skip
         self.save_button.on_click(self._on_save)

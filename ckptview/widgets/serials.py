@@ -84,7 +84,8 @@ class SerialsTable(pn.viewable.Viewer):
 
     @param.depends("columns", watch=True)
     def _on_columns(self) -> None:
-        self.table.hidden_columns = self._hidden()
+        if hasattr(self, "table"):
+            self.table.hidden_columns = self._hidden()
 
     def _shown(self) -> pd.DataFrame:
         shown = self.frame.copy()

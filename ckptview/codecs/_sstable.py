@@ -1,0 +1,137 @@
+"""LevelDB tables ("SSTables") read by ranges: the ``.index`` file of TF tensor bundles.
+
+A table is data blocks of prefix-compressed ``(key, value)`` entries, an index block naming
+each data block's handle, and a 48-byte footer (the index block's handle and a magic number).
+Every block ends with a 5-byte trailer: its compression (none or snappy) and a masked crc32c,
+verified for tables up to ``CRC_VERIFY_LIMIT`` (crc32c in pure Python). A table up to
+``WHOLE_FILE_LIMIT`` is read in one request; a larger one block by block. No offset or length
+is trusted: each is checked against the file's size (or its block) before anything is read.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+from .. import protobuf as pb
+from ..io import Blob
+
+TABLE_MAGIC = 0xDB4775248B80FB57
+FOOTER_SIZE = 48
+BLOCK_TRAILER = 5
+WHOLE_FILE_LIMIT = 16 << 20  # smaller indexes are read in one request
+CRC_VERIFY_LIMIT = 4 << 20  # pure-Python crc32c: verify blocks of indexes up to this size
+
+
+class FormatError(ValueError):
+    """The bytes are not a valid tensor bundle."""
+
+
+# -- crc32c (Castagnoli), masked as LevelDB/TF store it ------------------------------------
+def _crc_table() -> list[int]:
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
+def crc32c(data: bytes, crc: int = 0) -> int:
+    crc ^= 0xFFFFFFFF
+    table = _CRC_TABLE
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def unmask_crc(masked: int) -> int:
+    rot = (masked - 0xA282EAD8) & 0xFFFFFFFF
+    return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
+
+
+# -- LevelDB table ---------------------------------------------------------------------------
+def handle(buf: bytes | memoryview, pos: int) -> tuple[int, int, int]:
+    offset, pos = pb.read_varint(buf, pos)
+    size, pos = pb.read_varint(buf, pos)
+    return offset, size, pos
+
+
+def block_entries(block: bytes) -> Iterator[tuple[bytes, memoryview]]:
+    """(key, value) pairs of one table block (prefix-compressed keys, restart array at the end)."""
+    n = len(block)
+    if n < 4:
+        raise FormatError("block shorter than its restart count")
+    (num_restarts,) = struct.unpack_from("<I", block, n - 4)
+    limit = n - 4 - 4 * num_restarts
+    if num_restarts == 0 or limit < 0:
+        raise FormatError(f"block claims {num_restarts} restart points in {n} bytes")
+    mv = memoryview(block)
+    pos, key = 0, b""
+    while pos < limit:
+        shared, pos = pb.read_varint(mv, pos)
+        non_shared, pos = pb.read_varint(mv, pos)
+        value_len, pos = pb.read_varint(mv, pos)
+        if shared > len(key) or non_shared + value_len > limit - pos:
+            raise FormatError("block entry runs past its block")
+        key = key[:shared] + bytes(mv[pos : pos + non_shared])
+        pos += non_shared
+        yield key, mv[pos : pos + value_len]
+        pos += value_len
+
+
+class TableFile:
+    """Ranged access to one table file: the whole file in one read when it is small."""
+
+    def __init__(self, blob: Blob):
+        self.blob = blob
+        self.size = blob.size
+        self.data = blob.read(0, self.size) if self.size <= WHOLE_FILE_LIMIT else None
+        self.verify = self.size <= CRC_VERIFY_LIMIT
+
+    def read(self, offset: int, length: int) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise FormatError(
+                f"{self.blob.name}: block at {offset}+{length} lies outside the file ({self.size})"
+            )
+        if self.data is not None:
+            return self.data[offset : offset + length]
+        return self.blob.read(offset, length)
+
+    def block(self, offset: int, size: int) -> bytes:
+        raw = self.read(offset, size + BLOCK_TRAILER)
+        data, kind = raw[:size], raw[size]
+        if self.verify:
+            (masked,) = struct.unpack_from("<I", raw, size + 1)
+            if crc32c(raw[: size + 1]) != unmask_crc(masked):
+                raise FormatError(f"{self.blob.name}: block at {offset} fails its crc32c")
+        if kind == 0:
+            return data
+        if kind == 1:
+            return snappy(data)
+        raise FormatError(f"{self.blob.name}: unknown block compression {kind}")
+
+    def entries(self) -> Iterator[tuple[bytes, memoryview]]:
+        if self.size < FOOTER_SIZE:
+            raise FormatError(f"{self.blob.name}: {self.size} bytes, a table needs {FOOTER_SIZE}")
+        footer = self.read(self.size - FOOTER_SIZE, FOOTER_SIZE)
+        if struct.unpack_from("<Q", footer, 40)[0] != TABLE_MAGIC:
+            raise FormatError(f"{self.blob.name}: not a LevelDB table (bad footer magic)")
+        _, _, pos = handle(footer, 0)  # metaindex: empty in bundles
+        index_offset, index_size, _ = handle(footer, pos)
+        for _sep, value in block_entries(self.block(index_offset, index_size)):
+            offset, size, _ = handle(value, 0)
+            yield from block_entries(self.block(offset, size))
+
+
+def snappy(data: bytes) -> bytes:
+    claimed, _ = pb.read_varint(data, 0)
+    if claimed > 64 * len(data) + 64:  # snappy cannot expand more than ~32x
+        raise FormatError(f"snappy block claims {claimed} bytes from {len(data)}")
+    import cramjam
+
+    return bytes(cramjam.snappy.decompress_raw(data))
