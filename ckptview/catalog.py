@@ -183,7 +183,9 @@ class Catalog:
                 if nbytes is None:
                     nbytes = numel * itemsize(var.dtype) if var.dtype != "object" else 0
                 attrs = var.attrs
-                alias = next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None) if attrs else None
+                alias = (
+                    next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None) if attrs else None
+                )
                 append(
                     (serial, node, name, var.kind or ref_kind or guess_kind(name),
                      var.dtype, tuple(map(int, var.shape)), numel, int(nbytes), url, var.error,
@@ -217,13 +219,19 @@ class Catalog:
             errors = [f"{posixpath.basename(r.ref.path)}: {r.error}" for r in files if r.error]
             complete = s.complete if s.complete is not None else not errors
             paths = [r.ref.path for r in files]
-            sizes = [r.ref.size if r.ref.size is not None else self._size(r.ref.path) for r in files]
+            sizes = [
+                r.ref.size if r.ref.size is not None else self._size(r.ref.path) for r in files
+            ]
             others = [p for p in s.other_files if p not in paths]
             sizes += [self._size(p) for p in others]
             mtimes = [self._mtime(p) for p in paths + others]
             mtimes = [m for m in mtimes if m is not None]
             timestamp = s.timestamp or (max(mtimes) if mtimes else None)
-            nodes = s.nodes if s.nodes is not None else tuple(sorted({r.ref.node for r in files} - {""}))
+            nodes = (
+                s.nodes
+                if s.nodes is not None
+                else tuple(sorted({r.ref.node for r in files} - {""}))
+            )
             n_vars = sum(len(r.variables) + (1 if r.error else 0) for r in files)
             error = "; ".join(([s.error] if s.error else []) + errors) or None
             rows.append(
@@ -308,7 +316,9 @@ class Catalog:
         return dict(self.scan.attrs)
 
     # -- values ---------------------------------------------------------------------
-    def _resolve(self, name: str, serial: int | None, node: str | None) -> tuple[VarInfo, FileResult]:
+    def _resolve(
+        self, name: str, serial: int | None, node: str | None
+    ) -> tuple[VarInfo, FileResult]:
         self._file_results()
         with self._lock:
             if not self._index and self._results:

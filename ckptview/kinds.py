@@ -6,7 +6,10 @@ import re
 from functools import lru_cache
 
 _RULES: list[tuple[str, re.Pattern]] = [
-    ("rng", re.compile(r"(^|/)(rng|rng_state|random|torch_rng|cuda_rng|python_rng|numpy_rng)", re.I)),
+    (
+        "rng",
+        re.compile(r"(^|/)(rng|rng_state|random|torch_rng|cuda_rng|python_rng|numpy_rng)", re.I),
+    ),
     ("scheduler", re.compile(r"(^|/)(scheduler|lr_scheduler|lr_schedulers)(/|$)", re.I)),
     ("lookup_table", re.compile(r"(^|/)(__lookup_table__|lookup_table)", re.I)),
     (

@@ -29,7 +29,9 @@ class Tree:
         """The tree rooted at ``path``; a file becomes a one-file tree in its directory."""
         info = storage.info(path)
         if info["type"] == "file":
-            tree = cls(storage, posixpath.dirname(path.rstrip("/")), {posixpath.basename(path): info})
+            tree = cls(
+                storage, posixpath.dirname(path.rstrip("/")), {posixpath.basename(path): info}
+            )
             tree.single = posixpath.basename(path)
             return tree
         return cls(storage, path)

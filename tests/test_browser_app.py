@@ -127,7 +127,9 @@ def read_only(trees):
 # -- helpers ----------------------------------------------------------------------------------
 def shot(page: Page, name: str) -> None:
     SHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"app_{name}.png"), full_page=True)
+    page.mouse.move(0, 0)  # no hover tooltip in the picture
+    page.wait_for_timeout(400)
+    page.screenshot(path=str(SHOTS / f"app_{name}.png"))
 
 
 def tab(page: Page, name: str) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Iterator
+from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 
 from ..dtypes import np_dtype
 from ..io import Blob, Storage
-from ..model import Span, VarInfo
+from ..model import VarInfo
 
 
 class PartialRead(Exception):

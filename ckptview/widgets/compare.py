@@ -57,7 +57,7 @@ class CompareView(pn.viewable.Viewer):
         super().__init__(**params)
         self.diff: pd.DataFrame | None = None
         self._shown = pd.DataFrame(columns=SHOWN)
-        self.button = pn.widgets.Button(label="Compare", color="primary",
+        self.button = pn.widgets.Button(label="Compare", color="primary", align="end",
                                         css_classes=["ckptview-compare-button"])  # fmt: skip
         self.button.on_click(self._on_compare)
         self.heading = pn.pane.Markdown("*Pick A and B, then Compare.*",
@@ -211,7 +211,7 @@ class CompareView(pn.viewable.Viewer):
             pn.widgets.Select.from_param(self.param.serial_b, label="B: serial", width=110,
                                          css_classes=["ckptview-serial-b"]),
             self.button,
-            pn.widgets.Checkbox.from_param(self.param.hide_identical, label="hide identical"),
-            align="end",
+            pn.widgets.Checkbox.from_param(self.param.hide_identical, label="hide identical",
+                                           align="end"),
         )  # fmt: skip
         return pn.Column(pickers, self.body, sizing_mode="stretch_width")

@@ -28,7 +28,7 @@ class RestoreView(pn.viewable.Viewer):
         self.message = notice("Choose a serial and press **Plan**.", kind="info",
                                      css_classes=["ckptview-restore-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
-        self.plan_button = pn.widgets.Button(label="Plan (dry run)", color="primary",
+        self.plan_button = pn.widgets.Button(label="Plan (dry run)", color="primary", align="end",
                                              css_classes=["ckptview-restore-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
         self.confirm = pn.widgets.Button(label="Restore", color="danger", visible=False,
@@ -176,6 +176,6 @@ class RestoreView(pn.viewable.Viewer):
             pn.widgets.TextInput.from_param(self.param.destination, label="destination URL",
                                             width=320, placeholder="/path/to/new/tree",
                                             css_classes=["ckptview-restore-dest"]),
-            self.plan_button, align="end",
+            self.plan_button,
         )  # fmt: skip
         return pn.Column(form, self.force_box, self.body, sizing_mode="stretch_width")

@@ -7,7 +7,15 @@ import panel as pn
 import panel_material_ui as pmui
 import param
 
-from ._base import Workspace, as_workspace, in_background, notice, set_notice, table
+from ._base import (
+    Workspace,
+    as_workspace,
+    in_background,
+    notice,
+    set_notice,
+    size_formatter,
+    table,
+)
 from ._format import badge, human_bytes
 
 PLAN_SHOWN = ["serial", "action", "reason", "size", "step", "time"]
@@ -61,7 +69,7 @@ class RetentionView(pn.viewable.Viewer):
         self.message = notice("Set a policy and press **Plan**.", kind="info",
                                      css_classes=["ckptview-retention-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
-        self.plan_button = pn.widgets.Button(label="Plan", color="primary",
+        self.plan_button = pn.widgets.Button(label="Plan", color="primary", align="end",
                                              css_classes=["ckptview-retention-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
         self.save_button = pn.widgets.Button(label="Save policy with the tree", variant="outline", color="primary",
@@ -79,11 +87,11 @@ class RetentionView(pn.viewable.Viewer):
         self.cancel.on_click(self._on_cancel)
         self.dialog = pmui.Dialog(
             self.confirm_text, pn.Row(self.confirm, self.cancel), open=False,
-            title="Confirm deletion", show_close_button=True, width_option="sm",
+            title="Delete checkpoints?", title_variant="h5", show_close_button=True, width_option="sm",
             css_classes=["ckptview-confirm"],
         )  # fmt: skip
         self.table = table(pd.DataFrame(columns=PLAN_SHOWN), pagination="remote", page_size=20,
-                           formatters={"action": {"type": "html"}},
+                           formatters={"action": {"type": "html"}, "size": size_formatter()},
                            css_classes=["ckptview-retention-table"])  # fmt: skip
         self.body = pn.Column(self.message, pn.Row(self.delete, self.save_button), self.dialog,
                               self.table, sizing_mode="stretch_width")  # fmt: skip
@@ -169,6 +177,7 @@ class RetentionView(pn.viewable.Viewer):
         self.plan = plan
         shown = plan_frame(plan)
         shown["action"] = [badge(a) for a in shown["action"]]
+        shown["size"] = [int(n) for n in plan["nbytes"]]  # bytes, shown readable: sorts by size
         self.table.value = shown
         doomed = self.doomed()
         freed = int(plan.loc[doomed, "nbytes"].sum()) if doomed else 0
@@ -198,8 +207,8 @@ class RetentionView(pn.viewable.Viewer):
             raise RuntimeError("nothing to delete: plan first")
         freed = int(self.plan.loc[doomed, "nbytes"].sum())
         noun = "checkpoint" if len(doomed) == 1 else "checkpoints"
+        self.dialog.title = f"Delete {len(doomed)} {noun}?"
         self.confirm_text.object = (
-            f"#### Delete {len(doomed)} {noun}?\n"
             f"Serials {_serial_list(doomed)} of `{self.run}` ({human_bytes(freed)}). "
             "This cannot be undone; the tree is re-checked against the plan first."
         )
@@ -238,7 +247,7 @@ class RetentionView(pn.viewable.Viewer):
                 "serial": [int(x) for x in deleted.index],
                 "action": [badge("deleted")] * len(deleted),
                 "reason": [str(p) for p in deleted.get("path", [""] * len(deleted))],
-                "size": [human_bytes(n) for n in deleted["nbytes"]],
+                "size": [int(n) for n in deleted["nbytes"]],
                 "step": [None] * len(deleted),
                 "time": [""] * len(deleted),
             },
@@ -287,7 +296,7 @@ class RetentionView(pn.viewable.Viewer):
                 w.IntInput.from_param(self.param.best_n, label="N", width=80),
                 w.Select.from_param(self.param.best_mode, label="best is", width=90),
                 w.MultiChoice.from_param(self.param.pinned, label="pinned serials", width=300),
-                self.plan_button, align="end",
+                self.plan_button,
             ),
         )  # fmt: skip
         return pn.Column(form, self.body, sizing_mode="stretch_width")
