@@ -20,6 +20,19 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=5006, help="port (default 5006; 0 picks a free one)")
     p.add_argument("--address", help="address to listen on (default: all interfaces)")
     p.add_argument("--allow-write", action="store_true", help="enable restore/retention actions")
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="open pages check the trees for new serials this often (default 5; 0: off)",
+    )
+    p.add_argument(
+        "--no-warm",
+        dest="warm",
+        action="store_false",
+        help="catalogue the trees on the first page instead of at startup",
+    )
     p.add_argument("--show", action="store_true", help="open the page in a browser")
     p.add_argument(
         "--allow-websocket-origin", action="append", default=[], metavar="HOST[:PORT]",
@@ -29,13 +42,19 @@ def register(sub) -> None:
 
 
 def app_path() -> Path:
-    """The app script: $CKPTVIEW_APP, else ``app/ckptview_app.py`` of the source checkout."""
+    """The app script: $CKPTVIEW_APP, else ``app/ckptview_app.py`` of a source checkout, else
+    the same script shipped in the package (``ckptview/widgets/ckptview_app.py``)."""
     env = os.environ.get("CKPTVIEW_APP")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "app" / f"{APP_NAME}.py"
+    if env:
+        path = Path(env)
+    else:
+        path = Path(__file__).resolve().parents[2] / "app" / f"{APP_NAME}.py"
+        if not path.is_file():
+            path = Path(__file__).resolve().parents[1] / "widgets" / f"{APP_NAME}.py"
     if not path.is_file():
         raise CLIError(
-            f"dashboard app not found at {path}: install ckptview from a source checkout "
-            "(pip install -e '.[ui]') or set CKPTVIEW_APP to app/ckptview_app.py"
+            f"dashboard app not found at {path}: install ckptview with its UI "
+            "(pip install 'ckptview[ui]') or set CKPTVIEW_APP to app/ckptview_app.py"
         )
     return path
 
@@ -49,9 +68,13 @@ def command(args, app: Path) -> list[str]:
         cmd += ["--allow-websocket-origin", origin]
     if args.show:
         cmd.append("--show")
+    if getattr(args, "warm", True):
+        cmd.append("--warm")  # catalogue the trees once, before the first page asks
     cmd += ["--args", *args.urls]
     if args.allow_write:
         cmd.append("--allow-write")
+    if getattr(args, "poll", None) is not None:
+        cmd += ["--poll", str(args.poll)]
     return cmd
 
 

@@ -73,7 +73,7 @@ class SerialsTable(pn.viewable.Viewer):
         self.param.columns.objects = optional
         if not self.columns:  # default: the essentials, the first metrics, no empty columns
             ranked = shown_metrics(self._metric_columns())[:DEFAULT_METRICS]
-            default = ["size", "time", "epoch", "step", *ranked, "error"]
+            default = ["size", "time", "epoch", "step", *ranked, "nodes", "error"]
             self.columns = [c for c in default if c in optional and not _empty(self.frame[c])]
         else:
             self.columns = [c for c in self.columns if c in optional]
