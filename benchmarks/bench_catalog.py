@@ -27,6 +27,41 @@ for s in range(1, serials + 1):
 print("{}")
 """
 
+WRITE_TF = r"""
+import os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np, tensorflow as tf
+root, serials, tensors, numel = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rng = np.random.default_rng(0)
+ckpt = tf.train.Checkpoint(**{f"w{i}": tf.Variable(rng.standard_normal(numel, dtype=np.float32))
+                              for i in range(tensors)})
+manager = tf.train.CheckpointManager(ckpt, f"{root}/tf", max_to_keep=None)
+for s in range(1, serials + 1):
+    manager.save(checkpoint_number=s * 100)
+print("{}")
+"""
+
+TF_LIST = r"""
+import os, sys, json, glob
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+import time as _t; _t0 = _t.perf_counter()
+rows = 0
+for index in sorted(glob.glob(sys.argv[1] + "/*.index")):
+    rows += len(tf.train.list_variables(index[: -len(".index")]))
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "rows": rows}))
+"""
+
+TF_FLOOR = r"""
+import json, sys, glob
+import time as _t; _t0 = _t.perf_counter()
+n = 0
+for index in sorted(glob.glob(sys.argv[1] + "/*.index")):
+    with open(index, "rb") as fh:
+        n += len(fh.read())
+print(json.dumps({"work_s": _t.perf_counter() - _t0, "index_bytes": n}))
+"""
+
 CKPTVIEW = r"""
 import json, sys, ckptview as cv
 import time as _t; _t0 = _t.perf_counter()
@@ -80,29 +115,42 @@ print(json.dumps({"work_s": _t.perf_counter() - _t0, "header_bytes": n}))
 """
 
 
+def has_tensorflow() -> bool:
+    return (
+        subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True).returncode
+        == 0
+    )
+
+
 def ensure_tree(root: Path, serials: int, tensors: int, numel: int) -> None:
-    if (root / "st" / f"step_{serials * 100}.safetensors").exists():
-        return
-    (root / "pt").mkdir(parents=True, exist_ok=True)
-    (root / "st").mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-c", WRITE, str(root), str(serials), str(tensors), str(numel)]
-    subprocess.run(cmd, check=True)
+    args = [str(root), str(serials), str(tensors), str(numel)]
+    if not (root / "st" / f"step_{serials * 100}.safetensors").exists():
+        (root / "pt").mkdir(parents=True, exist_ok=True)
+        (root / "st").mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-c", WRITE, *args], check=True)
+    if has_tensorflow() and not (root / "tf" / "checkpoint").exists():
+        subprocess.run([sys.executable, "-c", WRITE_TF, *args], check=True)
 
 
 def bench(root: Path, label: str) -> None:
-    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / (1 << 20)
     for fmt, contenders in (
         ("pt", (("header floor (zip+pickle)", TORCH_FLOOR), ("ckptview", CKPTVIEW),
                 ("torch.load mmap", TORCH_LOAD))),
         ("st", (("header floor (8+N bytes)", SAFE_FLOOR), ("ckptview", CKPTVIEW),
                 ("safetensors.safe_open", SAFE_OPEN))),
+        ("tf", (("index floor (read .index)", TF_FLOOR), ("ckptview", CKPTVIEW),
+                ("tf.train.list_variables", TF_LIST))),
     ):  # fmt: skip
+        if not (root / fmt).exists():
+            print(f"\n({fmt}: skipped, its framework is not installed in the peer venv)")
+            continue
         rows = []
         for name, script in contenders:
             rec = run_contender(script, str(root / fmt))
             rows.append({"name": name, **rec})
             print(label, fmt, name, json.dumps(rec), file=sys.stderr)
-        print(f"\n### Catalog scan, {fmt} tree, {label} ({size / 2:.0f} MiB per format)\n")
+        size = sum(p.stat().st_size for p in (root / fmt).rglob("*") if p.is_file()) / (1 << 20)
+        print(f"\n### Catalog scan, {fmt} tree, {label} ({size:.0f} MiB)\n")
         print(table(rows, rows[0]["name"]))
 
 

@@ -79,7 +79,11 @@ def main() -> None:
         root.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-c", WRITE, str(root), str(n), str(numel)], check=True)
     rows = []
-    for name, script in (("numpy floor", FLOOR), ("ckptview diff", CKPTVIEW), ("torch mmap", TORCH)):
+    for name, script in (
+        ("numpy floor", FLOOR),
+        ("ckptview diff", CKPTVIEW),
+        ("torch mmap", TORCH),
+    ):
         rec = run_contender(script, str(root), repeat=2)
         rows.append({"name": name, **rec})
         print(name, json.dumps(rec), file=sys.stderr)
