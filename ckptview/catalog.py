@@ -61,7 +61,7 @@ def list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
             codec = registry.get_codec(ref.codec)
         else:
             head = blob.head() if blob.size else b""
-            codec = registry.detect_codec(posixpath.basename(ref.path), head)
+            codec = registry.detect_codec(posixpath.basename(ref.path), head, blob)
         if codec is None:
             if ref.optional:
                 return FileResult(serial, ref, None, [])

@@ -74,12 +74,25 @@ def get_layout(name: str):
         raise ValueError(f"unknown layout {name!r}; known: {', '.join(layouts())}") from None
 
 
-def detect_codec(filename: str, head: bytes):
-    """The first codec whose cheap check accepts the file, or None."""
+def detect_codec(filename: str, head: bytes, blob=None):
+    """The first codec whose cheap check accepts the file, or None.
+
+    With ``blob``, a file no codec claims from its first block gets a second look from the
+    codecs that implement ``guess_can_open_blob`` (a few small reads more).
+    """
     for codec in codecs().values():
         try:
             if codec.guess_can_open(filename, head):
                 return codec
         except Exception as e:  # noqa: BLE001 - warn rather than crash while guessing
+            warnings.warn(f"ckptview: codec {codec.name} failed while guessing: {e}", stacklevel=2)
+    if blob is None:
+        return None
+    for codec in codecs().values():
+        look = getattr(codec, "guess_can_open_blob", None)
+        try:
+            if look is not None and look(filename, head, blob):
+                return codec
+        except Exception as e:  # noqa: BLE001
             warnings.warn(f"ckptview: codec {codec.name} failed while guessing: {e}", stacklevel=2)
     return None

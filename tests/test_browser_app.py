@@ -67,7 +67,7 @@ class Server:
                "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{self.port}",
                *extra, "--args", *urls, *(["--allow-write"] if allow_write else []),
                *app_args]  # fmt: skip
-        self.log = tempfile.TemporaryFile(mode="w+")  # a file: a chatty server never blocks
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True,
                                      cwd=ROOT)  # fmt: skip
         deadline = time.monotonic() + timeout
@@ -125,10 +125,22 @@ def read_only(trees):
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def shot(page: Page, name: str) -> None:
+SCROLL_TOP = """() => {
+    const walk = (root) => root.querySelectorAll('*').forEach((e) => {
+        if (e.scrollTop) e.scrollTop = 0;
+        if (e.shadowRoot) walk(e.shadowRoot);
+    });
+    walk(document);
+}"""
+
+
+def shot(page: Page, name: str, top: bool = False) -> None:
+    """A screenshot of the viewport (``top``: scrolled back to the top of the page first)."""
     SHOTS.mkdir(exist_ok=True)
-    page.mouse.move(0, 0)  # no hover tooltip in the picture
-    page.wait_for_timeout(400)
+    page.mouse.move(5, 600, steps=5)  # over the sidebar: no hover tooltip in the picture
+    if top:
+        page.evaluate(SCROLL_TOP)
+    page.wait_for_timeout(600)
     page.screenshot(path=str(SHOTS / f"app_{name}.png"))
 
 
@@ -183,7 +195,7 @@ def test_serials_and_variables_of_the_demo(page: Page, writable):
     page.locator(".ckptview-stats-button button").click()
     st = cat.stats(1, names=["fc_1.w_0"]).iloc[0]
     expect(page.locator(".ckptview-stats")).to_contain_text(fmt_number(st["l2"]), timeout=WAIT)
-    shot(page, "browse")
+    shot(page, "browse", top=True)
 
 
 def test_size_column_sorts_by_bytes(page: Page, writable):

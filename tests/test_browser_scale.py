@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
-from test_browser_app import CHROMIUM, CHROMIUM_ARGS, SHOTS, WAIT, Server
+from test_browser_app import CHROMIUM, CHROMIUM_ARGS, WAIT, Server, shot
 
 SERIALS = 1000
 VARIABLES = 1000
@@ -115,10 +115,7 @@ def test_a_million_variable_rows_page_in_the_browser(page: Page, scale_server, s
     name.press("Enter")
     expect(heading).to_contain_text(f"Serial {r['serial']} · 10 variables", timeout=WAIT)
     expect(var_rows).to_have_count(10)
-    page.mouse.move(0, 0)
-    page.wait_for_timeout(500)
-    SHOTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(SHOTS / "app_scale.png"))
+    shot(page, "scale", top=True)
     print(
         f"\nscale tree ({SERIALS} serials, {SERIALS * VARIABLES:,} variable rows): server ready "
         f"{scale_server.startup_s:.1f} s (catalogued at startup, --warm); first paint of the "

@@ -435,3 +435,72 @@ def test_program_dtypes_tell_bfloat16_from_uint16():
     path = str(corpus_path("paddle", "static_inference", "model.pdmodel"))
     names = files["static_inference/model.pdmodel"]["persistable_vars_sorted"]
     assert sorted(program_dtypes(Storage.from_url(path)[0], path)) == names
+
+
+def test_lookup_table_listing_reads_the_row_count_not_the_rows(tmp_path):
+    """Spec §3: the header after the rows is at 12 + 8N; listing never reads the N row ids."""
+    rows = np.arange(0, 300_000, 3)  # 100,000 rows: 800,000 bytes of row ids
+    value = np.arange(len(rows) * 2, dtype=np.float32).reshape(-1, 2)
+    serial = tmp_path / "checkpoint_0"
+    shard = write(
+        serial / "__lookup_table__/emb_table_0", selected_rows_stream(rows, 300_000, value)
+    )
+    write(serial / "__model__/_SUCCESS", b"Sun Jun 10 12:34:56 2018")
+    cat = cv.open(tmp_path, cache=False)
+    counters = cat.storage.counters
+    (row,) = cat.variables[cat.variables["kind"] == "lookup_table"].to_dict("records")
+    assert row["error"] is None and row["shape"] == (len(rows), 2)
+    shard_reads = counters.bytes_read - len(b"Sun Jun 10 12:34:56 2018")
+    assert shard_reads <= 4096 + 256, shard_reads  # the first block + the header at 12 + 8N
+    assert counters.requests <= 3
+    var = cat.variable("emb_table", node="pserver_0")
+    assert var.attrs["height"] == 300_000 and var.attrs["rows_span"] == (12, len(rows))
+    index = var.attrs["rows"]
+    before = counters.bytes_read
+    assert len(index) == len(rows) and not index.loaded and "not read" in repr(index)
+    assert counters.bytes_read == before  # len() and repr() need no read
+    np.testing.assert_array_equal(index.array(), rows)  # on demand: one ranged read of 8N bytes
+    assert counters.bytes_read - before == 8 * len(rows)
+    assert index == rows.tolist() and index[:3] == [0, 3, 6] and index[-1] == rows[-1]
+    assert counters.bytes_read - before == 8 * len(rows)  # read once
+    before = counters.bytes_read
+    np.testing.assert_array_equal(cat.read("emb_table", node="pserver_0"), value)
+    assert counters.bytes_read - before == value.nbytes
+    assert shard.stat().st_size > 800_000
+
+
+def test_row_index_pickles_without_its_values(tmp_path):
+    import pickle
+
+    from ckptview.codecs.paddle import RowIndex
+
+    rows = np.arange(5000)
+    path = write(
+        tmp_path / "t.bin", selected_rows_stream(rows, 5000, np.ones((5000, 1), np.float32))
+    )
+    storage, p = Storage.from_url(str(path))
+    index = RowIndex(storage, p, 12, len(rows))
+    assert index.tolist() == rows.tolist()
+    copy = pickle.loads(pickle.dumps(index))
+    assert not copy.loaded and copy == index and copy.loaded
+    small = RowIndex(storage, p, 12, 3, rows[:3].astype("<i8").tobytes())
+    assert pickle.loads(pickle.dumps(small)).loaded and small != [0, 1] and small == [0, 1, 2]
+
+
+def test_loose_selected_rows_file_beyond_the_first_block_is_detected(tmp_path):
+    """Without a Paddle layout the codec is not forced: a row index filling the first block
+    costs one small read at 12 + 8N to recognize the file."""
+    rows = np.arange(1, 4001, 2)  # 2,000 rows: the header starts at byte 16,012
+    value = np.ones((len(rows), 4), np.float32)
+    write(tmp_path / "emb.bin", selected_rows_stream(rows, 4001, value))
+    write(
+        tmp_path / "ints.bin", struct.pack("<IQ", 0, 2000) + np.arange(2000, dtype="<i8").tobytes()
+    )
+    cat = cv.open(tmp_path, cache=False)
+    v = cat.variables.set_index("name")
+    assert v.loc["emb.bin", "error"] is None and v.loc["emb.bin", "shape"] == (2000, 4)
+    assert "ints.bin" not in v.index  # a look-alike prefix with no valid header after it
+    assert cat.storage.counters.bytes_read <= 2 * 4096 + 2 * 256 + 256
+    var = cat.variable("emb.bin")
+    assert var.attrs["rows"] == rows and var.attrs["height"] == 4001
+    np.testing.assert_array_equal(cat.read("emb.bin"), value)

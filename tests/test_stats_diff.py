@@ -333,3 +333,90 @@ def test_diff_of_1gb_tree_keeps_memory_bounded(tmp_path):
     assert np.allclose(df["max_abs"], 0.25, rtol=1e-5)
     assert np.allclose(df["l2"], np.sqrt(changed) * 0.25, rtol=1e-4)
     assert isinstance(df, pd.DataFrame)
+
+
+# -- the blocked float64 accumulator against the general (whole-chunk) path -------------------
+def _accumulate(pairs, general: bool) -> dict:
+    from ckptview.diff import DiffAccumulator
+
+    acc = DiffAccumulator()
+    for xa, xb in pairs:
+        acc.n += 0 if not general else xa.size
+        if general:
+            with np.errstate(invalid="ignore"):
+                acc._add_general(xa, xb)
+        else:
+            acc.add(xa, xb)
+    return acc.result()
+
+
+@pytest.mark.parametrize(
+    "dtype_a, dtype_b",
+    [("float32", "float32"), ("float16", "float32"), ("float64", "float64"), ("int64", "int64"),
+     ("int32", "int64"), ("bool", "bool"), ("uint8", "uint8"), ("bfloat16", "bfloat16")],
+)  # fmt: skip
+def test_blocked_accumulator_matches_the_general_path(dtype_a, dtype_b):
+    from ckptview.diff import BLOCK
+    from ckptview.dtypes import np_dtype
+
+    rng = np.random.default_rng(7)
+    n = 3 * BLOCK + 123  # blocks, and a short last one
+    base = rng.standard_normal(n) * 100
+    a = base.astype(np_dtype(dtype_a))
+    b = base.copy()
+    b[rng.integers(0, n, 40)] += rng.standard_normal(40) * 10
+    b = b.astype(np_dtype(dtype_b))
+    for cut in (n, BLOCK // 3, 5 * BLOCK):  # chunk boundaries inside, at and beyond blocks
+        pairs = [(a[i : i + cut], b[i : i + cut]) for i in range(0, n, cut)]
+        fast, ref = _accumulate(pairs, False), _accumulate(pairs, True)
+        assert fast["n_changed"] == ref["n_changed"]
+        for key in ("max_abs", "l2", "rel_l2", "cosine", "norm_a", "norm_b"):
+            assert fast[key] == pytest.approx(ref[key], rel=1e-12, nan_ok=True), key
+    want = numpy_diff(a, b)
+    for key in ("max_abs", "l2", "rel_l2", "cosine"):
+        assert fast[key] == pytest.approx(want[key], rel=1e-9), key
+
+
+def test_blocked_accumulator_nan_and_inf_blocks():
+    from ckptview.diff import BLOCK
+
+    rng = np.random.default_rng(3)
+    n = 4 * BLOCK
+    a = rng.standard_normal(n).astype(np.float32)
+    b = a.copy()
+    b[5] += 1.0  # block 0: an ordinary change
+    a[BLOCK + 1] = b[BLOCK + 1] = np.nan  # block 1: equal NaNs are no difference
+    a[2 * BLOCK + 2] = b[2 * BLOCK + 2] = np.inf  # block 2: the same infinity on both sides
+    b[2 * BLOCK + 3] = -np.inf  # ... and one that changed
+    fast = _accumulate([(a, b)], False)
+    ref = _accumulate([(a, b)], True)
+    assert fast["n_changed"] == ref["n_changed"] == 2
+    assert fast["max_abs"] == ref["max_abs"] == np.inf
+    b[3 * BLOCK + 4] = np.nan  # a one-sided NaN: max_abs is NaN, as in the general path
+    fast = _accumulate([(a, b)], False)
+    ref = _accumulate([(a, b)], True)
+    assert fast["n_changed"] == ref["n_changed"] == 3
+    assert math.isnan(fast["max_abs"]) and math.isnan(ref["max_abs"])
+    # a NaN block first, ordinary blocks after: still NaN
+    pairs = [(a[3 * BLOCK :], b[3 * BLOCK :]), (a[:BLOCK], b[:BLOCK])]
+    assert math.isnan(_accumulate(pairs, False)["max_abs"])
+
+
+def test_diff_on_a_one_thread_executor_and_a_file_cut_after_listing(tmp_path):
+    """Reads ahead run on their own threads: a one-worker executor cannot deadlock; a side
+    failing mid-stream is an error row."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(5)
+    s0 = {f"w{i}": rng.standard_normal(300_000).astype(np.float32) for i in range(3)}
+    s1 = {k: v + 1 for k, v in s0.items()}
+    root = write_fluid_tree(tmp_path / "t", {0: s0, 1: s1})
+    with ThreadPoolExecutor(1) as ex:
+        cat = cv.open(root, executor=ex, cache=False)
+        assert len(cat.variables) == 6
+        victim = root / "checkpoint_1" / "w1"
+        victim.write_bytes(victim.read_bytes()[:600_000])
+        df = cat.diff(0, 1, chunk_bytes=64 << 10).set_index("name")
+    assert df.loc["w0", "status"] == df.loc["w2", "status"] == "changed"
+    assert df.loc["w0", "max_abs"] == pytest.approx(1.0, rel=1e-6)
+    assert df.loc["w1", "status"] == "error" and df.loc["w1", "error"]

@@ -40,6 +40,11 @@ class Codec:
             return True
         return bool(self.suffixes) and filename.lower().endswith(self.suffixes)
 
+    def guess_can_open_blob(self, filename: str, head: bytes, blob: Blob) -> bool:
+        """A second look at a file no codec claimed from its first block, for formats whose
+        header can lie past it: may read a few small ranges more. Default: no."""
+        return False
+
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
         raise NotImplementedError
 

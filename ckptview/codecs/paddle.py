@@ -10,12 +10,13 @@ import re
 import struct
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import protobuf as pb
-from ..io import Blob, TruncatedError
+from ..io import HEAD_BLOCK, Blob, Storage, TruncatedError
 from ..kinds import guess_kind
 from ..model import Span, VarInfo
 from .base import Codec, PartialRead
@@ -47,9 +48,11 @@ ITEMSIZE[22] = 2
 MAX_LOD_LEVELS = 64
 MAX_DESC_LEN = 4096
 MAX_LOD_BYTES = 1 << 20  # larger LoD tables are described, not loaded
-MAX_ROWS_BYTES = 1 << 20  # likewise for SelectedRows row indices
 MAX_PROGRAM_BYTES = 256 << 20
 WINDOW = 4096  # bytes fetched per header read past the cached first block
+#: bytes fetched at a SelectedRows height: the height, the tensor version, desc length and
+#: TensorDesc (a few dozen bytes; a longer desc costs one more read)
+SR_WINDOW = 256
 
 #: VarType codes never saved as tensors (FEED_MINIBATCH, FETCH_LIST, READER, RAW)
 NOT_SAVED = {9, 10, 15, 17}
@@ -80,7 +83,7 @@ class _Reader:
         self._start = 0
         self._buf = blob.head()
 
-    def get(self, offset: int, length: int) -> bytes:
+    def get(self, offset: int, length: int, window: int = WINDOW) -> bytes:
         end = offset + length
         if offset < 0 or length < 0 or end > self.size:
             raise TruncatedError(
@@ -88,9 +91,15 @@ class _Reader:
             )
         if self._start <= offset and end <= self._start + len(self._buf):
             return self._buf[offset - self._start : end - self._start]
-        want = max(length, min(WINDOW, self.size - offset))
+        want = max(length, min(window, self.size - offset))
         self._buf, self._start = self.blob.read(offset, want), offset
         return self._buf[:length]
+
+    def cached(self, offset: int, length: int) -> bytes | None:
+        """Bytes already at hand (no read), or None."""
+        if self._start <= offset and offset + length <= self._start + len(self._buf):
+            return self._buf[offset - self._start : offset + length - self._start]
+        return None
 
     def u32(self, offset: int) -> int:
         return struct.unpack("<I", self.get(offset, 4))[0]
@@ -185,24 +194,111 @@ def parse_dense(r: _Reader, pos: int) -> Stream:
 
 
 def parse_selected_rows(r: _Reader, pos: int) -> Stream:
-    """SelectedRows: version, row count, int64 rows, int64 height, tensor body (no LoD)."""
+    """SelectedRows: version, row count, int64 rows, int64 height, tensor body (no LoD).
+
+    Only the row count is needed to list it: the header after the rows is at
+    ``pos + 12 + 8N`` (spec §3), so the row index itself is read on demand
+    (``attrs["rows"]``, a :class:`RowIndex`), unless it already lies in the bytes at hand.
+    """
     if r.u32(pos) != 0:
         raise FormatError(f"SelectedRows version at byte {pos} is not 0")
     count = r.u64(pos + 4)
     if count * 8 > r.size - pos - 12:
         raise TruncatedError(f"{r.blob.name}: {count} SelectedRows rows past the end")
     rows_at = pos + 12
-    height = r.i64(rows_at + 8 * count)
-    attrs: dict = {"height": height, "rows": None}
-    if count * 8 <= MAX_ROWS_BYTES:
-        attrs["rows"] = np.frombuffer(r.get(rows_at, 8 * count), "<i8").tolist()
-    else:
-        attrs["rows_span"] = (rows_at, int(count))
-    stream = _tensor_body(r, rows_at + 8 * count + 8, attrs)
+    at_hand = r.cached(rows_at, 8 * count)
+    after = rows_at + 8 * count
+    height = struct.unpack("<q", r.get(after, 8, window=SR_WINDOW))[0]
+    rows = RowIndex(r.blob.storage, r.blob.path, rows_at, count, at_hand)
+    attrs: dict = {"height": height, "rows": rows, "rows_span": (rows_at, count)}
+    stream = _tensor_body(r, after + 8, attrs)
     if stream.var.shape and stream.var.shape[0] != count:
         raise FormatError(f"SelectedRows: {count} rows but value shape {stream.var.shape}")
     stream.var.attrs["selected_rows"] = True
     return stream
+
+
+class RowIndex(Sequence):
+    """The int64 row ids of a SelectedRows tensor, read on first use (one ranged read).
+
+    ``len()`` needs no read; ``array()`` gives them as an int64 ndarray, ``tolist()`` as
+    ints; indexing, iteration and ``==`` (against a list, an array or another RowIndex) read
+    them too. Pickles without the values it read (a header cache stores the listing only).
+    """
+
+    def __init__(self, storage: Storage, path: str, offset: int, count: int,
+                 data: bytes | None = None):  # fmt: skip
+        self.storage, self.path, self.offset, self.count = storage, path, offset, int(count)
+        self._values = None if data is None else _rows_array(data, self.count)
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        values = state["_values"]
+        if values is not None and values.nbytes > 4096:
+            state["_values"] = None  # read again when asked
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
+    @property
+    def loaded(self) -> bool:
+        return self._values is not None
+
+    def array(self) -> np.ndarray:
+        """The row ids (int64, read-only)."""
+        if self._values is None:
+            with self._lock:
+                if self._values is None:
+                    n = 8 * self.count
+                    data = self.storage.read_range(self.path, self.offset, self.offset + n)
+                    if len(data) < n:
+                        raise TruncatedError(
+                            f"{posixpath.basename(self.path)}: SelectedRows rows end "
+                            f"{n - len(data)} bytes early"
+                        )
+                    self._values = _rows_array(data, self.count)
+        return self._values
+
+    def tolist(self) -> list[int]:
+        return self.array().tolist()
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        return self.array()[i].tolist()
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        values = self.array()
+        return values if dtype is None else values.astype(dtype)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RowIndex):
+            other = other.array()
+        elif not isinstance(other, (Sequence, np.ndarray)) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        other = np.asarray(other)
+        if other.shape != (self.count,):
+            return False
+        return bool(np.array_equal(self.array(), other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:  # never reads
+        if self._values is None:
+            return f"RowIndex({self.count} rows at byte {self.offset}, not read)"
+        head = ", ".join(map(str, self._values[:8].tolist()))
+        return f"RowIndex([{head}{', …' if self.count > 8 else ''}], {self.count} rows)"
+
+
+def _rows_array(data: bytes, count: int) -> np.ndarray:
+    return np.frombuffer(data, "<i8", count=count).astype(np.int64, copy=False)
 
 
 def _stream_bytes_plausible(head: bytes, exact: bool) -> bool:
@@ -233,6 +329,12 @@ def _stream_bytes_plausible(head: bytes, exact: bool) -> bool:
 
 def _desc_end(head: bytes, pos: int) -> int | None:
     """Validate a tensor body header at ``pos``; the end of its data, or None past the head."""
+    found = _desc_dims(head, pos)
+    return None if found is None else found[0]
+
+
+def _desc_dims(head: bytes, pos: int) -> tuple[int, tuple[int, ...]] | None:
+    """``_desc_end`` and the tensor's dims."""
     if pos + 8 > len(head):
         return None
     if struct.unpack_from("<I", head, pos)[0] != 0:
@@ -246,7 +348,7 @@ def _desc_end(head: bytes, pos: int) -> int | None:
     numel = 1
     for d in dims:
         numel *= d
-    return pos + 8 + desc_len + numel * ITEMSIZE[code]
+    return pos + 8 + desc_len + numel * ITEMSIZE[code], dims
 
 
 def _plausible_dense(head: bytes) -> int | None:
@@ -282,6 +384,19 @@ def _plausible_selected_rows(head: bytes) -> int | None:
     return _desc_end(head, at + 8)
 
 
+def _selected_rows_beyond(head: bytes) -> int | None:
+    """The height offset ``12 + 8N`` of a SelectedRows stream whose visible row ids are all
+    valid but whose header lies past a full first block; None otherwise."""
+    if len(head) < HEAD_BLOCK or head[:4] != b"\0\0\0\0":
+        return None
+    try:
+        if _plausible_selected_rows(head) is not None:
+            return None  # the header is in the block: guess_can_open decided
+    except (FormatError, pb.DecodeError, struct.error, IndexError):
+        return None
+    return 12 + 8 * struct.unpack_from("<Q", head, 4)[0]
+
+
 class PaddleStreamCodec(Codec):
     """Paddle DenseTensor/LoDTensor and SelectedRows streams, single or ``save_combine``d.
 
@@ -298,6 +413,27 @@ class PaddleStreamCodec(Codec):
         if filename == "__params__" or filename.lower().endswith(self.suffixes):
             return True
         return _stream_bytes_plausible(head, len(head) < 4096)
+
+    def guess_can_open_blob(self, filename: str, head: bytes, blob: Blob) -> bool:
+        """A loose SelectedRows file whose row index fills the first block: one small read at
+        its height (``12 + 8N``) checks the tensor header and that the stream ends the file."""
+        at = _selected_rows_beyond(head)
+        if at is None or at + 16 > blob.size:
+            return False
+        try:
+            tail = blob.read(at, min(SR_WINDOW, blob.size - at))
+            found = _desc_dims(tail, 8)
+            if found is None:  # a TensorDesc longer than the window
+                tail = blob.read(at, min(16 + MAX_DESC_LEN, blob.size - at))
+                found = _desc_dims(tail, 8)
+        except (FormatError, pb.DecodeError, struct.error, TruncatedError):
+            return False
+        if found is None:
+            return False
+        end, dims = found
+        count = (at - 12) // 8
+        height = struct.unpack_from("<q", tail)[0]
+        return at + end == blob.size and height >= 0 and bool(dims) and dims[0] == count
 
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
         if blob.size == 0:

@@ -7,8 +7,11 @@ The header's ``__metadata__`` (string -> string) is kept in every variable's
 
 from __future__ import annotations
 
+import gc
 import json
 import struct
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -61,26 +64,70 @@ class SafetensorsCodec(Codec):
         return 2 <= n <= MAX_HEADER
 
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
-        header, data_start = read_header(blob)
+        raw, data_start = header_bytes(blob)
+        if len(raw) < GC_PAUSE_BYTES:
+            return self._variables(blob, parse_header(blob, raw), data_start)
+        with gc_paused():
+            return self._variables(blob, parse_header(blob, raw), data_start)
+
+    @staticmethod
+    def _variables(blob: Blob, header: dict, data_start: int) -> list[VarInfo]:
         meta = header.pop("__metadata__", None)
         if meta is not None and not isinstance(meta, dict):
             raise ValueError("__metadata__ is not a JSON object")
-        buffer_len = blob.size - data_start
+        path, size = blob.path, blob.size
+        meta = dict(meta) if meta else None  # one copy, shared by the file's variables
         out: list[VarInfo] = []
+        append = out.append
         beyond: list[str] = []
+        info_of = _INFO.get
+        # hot loop (a million entries on big trees, tests/test_scale.py): well-formed entries
+        # are checked and built inline; anything unusual goes through _entry_var
         for name, entry in header.items():
-            var = _entry_var(blob.path, name, entry, data_start)
+            if type(entry) is dict:
+                code = entry.get("dtype")
+                shape = entry.get("shape")
+                offsets = entry.get("data_offsets")
+                info = info_of(code) if type(code) is str else None
+                if (
+                    info is not None
+                    and type(shape) is list
+                    and type(offsets) is list
+                    and len(offsets) == 2
+                ):
+                    begin, end = offsets
+                    if type(begin) is int and type(end) is int and 0 <= begin <= end:
+                        numel = 1
+                        for d in shape:
+                            if type(d) is not int or d < 0:
+                                break
+                            numel *= d
+                        else:
+                            nbytes = end - begin
+                            if numel * info[1] == nbytes:
+                                offset = data_start + begin
+                                if offset + nbytes > size:
+                                    beyond.append(name)
+                                    continue
+                                attrs = {"safetensors_dtype": code}
+                                if meta:
+                                    attrs["metadata"] = meta
+                                span = Span(path, offset, nbytes, "C", info[2])
+                                append(VarInfo(name, info[0], tuple(shape), nbytes, None, None,
+                                               span, None, attrs))  # fmt: skip
+                                continue
+            var = _entry_var(path, name, entry, data_start)
             if meta:
-                var.attrs["metadata"] = dict(meta)
-            if var.span is not None and var.span.offset + var.span.length > blob.size:
+                var.attrs["metadata"] = meta
+            if var.span is not None and var.span.offset + var.span.length > size:
                 beyond.append(name)
                 continue
-            out.append(var)
+            append(var)
         if beyond:
             raise PartialRead(
                 out,
                 f"truncated: {len(beyond)} tensor(s) end beyond the file "
-                f"(buffer holds {buffer_len} bytes), e.g. {beyond[0]!r}",
+                f"(buffer holds {size - data_start} bytes), e.g. {beyond[0]!r}",
             )
         return out
 
@@ -93,6 +140,12 @@ class SafetensorsCodec(Codec):
 
 def read_header(blob: Blob) -> tuple[dict, int]:
     """The parsed JSON header and the absolute offset of the byte buffer (two reads)."""
+    raw, data_start = header_bytes(blob)
+    return parse_header(blob, raw), data_start
+
+
+def header_bytes(blob: Blob) -> tuple[bytes, int]:
+    """The raw JSON header and the absolute offset of the byte buffer (two reads)."""
     if blob.size < 8:
         raise ValueError(f"{blob.name}: {blob.size} bytes, too short for a safetensors header")
     (n,) = struct.unpack("<Q", blob.read(0, 8))
@@ -100,14 +153,45 @@ def read_header(blob: Blob) -> tuple[dict, int]:
         raise ValueError(f"{blob.name}: header length {n} exceeds the {MAX_HEADER}-byte limit")
     if 8 + n > blob.size:
         raise ValueError(f"{blob.name}: header length {n} runs past the end of the file")
-    raw = blob.read(8, n)
+    return blob.read(8, n), 8 + n
+
+
+def parse_header(blob: Blob, raw: bytes) -> dict:
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{blob.name}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{blob.name}: header is not a JSON object")
-    return header, 8 + n
+    return header
+
+
+#: headers at least this long are parsed with the cyclic GC paused: parsing allocates a few
+#: acyclic containers per entry, and the collector's passes over them (and over everything
+#: else alive) cost more than the parse itself on big trees
+GC_PAUSE_BYTES = 16 << 10
+_GC_LOCK = threading.Lock()
+_GC_HOLDS = 0
+_GC_RESTORE = False
+
+
+@contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector; nests across threads (the last one out restores
+    it, and only if it was enabled when the first one came in)."""
+    global _GC_HOLDS, _GC_RESTORE
+    with _GC_LOCK:
+        if _GC_HOLDS == 0:
+            _GC_RESTORE = gc.isenabled()
+            gc.disable()
+        _GC_HOLDS += 1
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _GC_HOLDS -= 1
+            if _GC_HOLDS == 0 and _GC_RESTORE:
+                gc.enable()
 
 
 def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
@@ -126,16 +210,28 @@ def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
         return VarInfo(name, "object", tuple(shape), error=f"data_offsets {offsets} decrease")
     span = Span(path, data_start + begin, end - begin)
     attrs = {"safetensors_dtype": code}
-    dtype = DTYPES.get(code) if isinstance(code, str) else None
-    if dtype is None:  # newer (sub-byte …) codes: listed as opaque bytes
+    info = _INFO.get(code) if isinstance(code, str) else None
+    if info is None:  # newer (sub-byte …) codes: listed as opaque bytes
         return VarInfo(name, "object", tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
+    dtype, itemsize, disk = info
     var = VarInfo(name, dtype, tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
-    want = var.numel * np_dtype(dtype).itemsize
+    want = var.numel * itemsize
     if want != end - begin:
         var.error = f"{code}{list(shape)} needs {want} bytes, data_offsets give {end - begin}"
-    elif np_dtype(dtype).kind in "iufc" and np_dtype(dtype).itemsize > 1:
-        var.span.disk_dtype = np_dtype(dtype).newbyteorder("<").str
+    else:
+        span.disk_dtype = disk
     return var
+
+
+def _dtype_info(name: str) -> tuple[str, int, str | None]:
+    """(dtype name, itemsize, little-endian disk dtype for multi-byte numeric types)."""
+    dt = np_dtype(name)
+    disk = dt.newbyteorder("<").str if dt.kind in "iufc" and dt.itemsize > 1 else None
+    return name, dt.itemsize, disk
+
+
+#: safetensors dtype code -> (ckptview dtype, itemsize, Span.disk_dtype), computed once
+_INFO = {code: _dtype_info(name) for code, name in DTYPES.items()}
 
 
 def _is_uint(x: object) -> bool:

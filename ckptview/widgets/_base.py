@@ -50,7 +50,8 @@ def table(value: pd.DataFrame, **kwargs) -> pn.widgets.Tabulator:
     opts = dict(
         show_index=False, disabled=True, layout="fit_data_stretch", sizing_mode="stretch_width",
         stylesheets=[TABLE_CSS], theme="simple",
-        configuration={"columnDefaults": {"tooltip": True}},
+        # resize columns from the header only: a click anywhere on a row selects it
+        configuration={"columnDefaults": {"resizable": "header", "tooltip": True}},
     )  # fmt: skip
     opts.update(kwargs)
     return pn.widgets.Tabulator(value, **opts)

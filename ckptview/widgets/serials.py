@@ -50,7 +50,8 @@ class SerialsTable(pn.viewable.Viewer):
             self._shown(), pagination="remote", page_size=self.page_size, selectable=1,
             hidden_columns=self._hidden(), header_align="left", css_classes=["ckptview-serials"],
             formatters={"status": {"type": "html"}, "size": size_formatter()},
-            widths={"status": 110, "error": 320}, text_align={"size": "right"},
+            widths={"status": 110, "size": 95, "time": 165, "error": 320},
+            text_align={"size": "right"},
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         latest = catalog.latest

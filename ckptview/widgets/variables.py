@@ -46,7 +46,7 @@ class VariablesTable(pn.viewable.Viewer):
             formatters={"share": {"type": "progress", "max": 100, "legend": True,
                                   "color": "#90caf9", "legendAlign": "left"},
                         "size": size_formatter()},
-            titles={"share": "% of serial"}, widths={"share": 130, "error": 320},
+            titles={"share": "% of serial"}, widths={"share": 130, "size": 95, "error": 320},
             text_align={"size": "right", "numel": "right"}, css_classes=["ckptview-variables"],
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
