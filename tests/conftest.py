@@ -43,3 +43,15 @@ def _fresh_header_cache():
 
     cache.default_cache().clear()
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the Chromium tests last: pytest-playwright's session browser keeps an asyncio loop
+    running on the main thread, under which Panel/param run async callbacks as scheduled tasks
+    instead of to completion — the in-process widget and notebook tests must come first."""
+    def uses_browser(item) -> bool:
+        names = getattr(item, "fixturenames", ())
+        return bool(item.get_closest_marker("browser")) or "page" in names or "browser" in names
+
+    browser = [item for item in items if uses_browser(item)]
+    items[:] = [item for item in items if not uses_browser(item)] + browser
