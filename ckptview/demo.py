@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .protobuf import encode_varint
+
 #: Paddle ``VarType.Type`` codes for the dtypes the demo writes (spec §1.1).
 PADDLE_DTYPES = {
     "bool": 0, "int16": 1, "int32": 2, "int64": 3, "float16": 4, "float32": 5, "float64": 6,
@@ -53,24 +55,11 @@ ADAM_SLOTS = ["moment1_0", "moment2_0", "beta1_pow_acc_0", "beta2_pow_acc_0"]
 
 
 # -- byte streams (spec §1 and §3) -----------------------------------------------------------
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    value &= (1 << 64) - 1  # int64 as protobuf writes it (negative -> 10 bytes)
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def tensor_desc(dtype: str, shape: tuple[int, ...]) -> bytes:
     """``VarType.TensorDesc``: ``08 <data_type>`` then one unpacked ``10 <dim>`` per dim."""
-    out = b"\x08" + _varint(PADDLE_DTYPES[dtype])
+    out = b"\x08" + encode_varint(PADDLE_DTYPES[dtype])
     for d in shape:
-        out += b"\x10" + _varint(int(d))
+        out += b"\x10" + encode_varint(int(d))
     return out
 
 

@@ -34,6 +34,25 @@ def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
             raise DecodeError("varint too long")
 
 
+def encode_varint(value: int) -> bytes:
+    """A varint; negative values as protobuf writes int64 (two's complement, 10 bytes)."""
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        out.append(b | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def encode_field(number: int, value: int | bytes) -> bytes:
+    """One field: a varint for an int, length-delimited for bytes (writers of test/demo files)."""
+    if isinstance(value, int):
+        return encode_varint(number << 3 | VARINT) + encode_varint(value)
+    return encode_varint(number << 3 | LEN) + encode_varint(len(value)) + bytes(value)
+
+
 def iter_fields(buf: bytes | memoryview):
     """Yield (field number, wire type, value) for each field; LEN values are memoryviews."""
     mv = memoryview(buf)

@@ -21,6 +21,7 @@ from ckptview.codecs.base import PartialRead
 from ckptview.codecs.caffe2 import Caffe2Codec, sniff
 from ckptview.io import Storage
 from ckptview.layouts.caffe2 import Caffe2Layout, parse_name
+from ckptview.protobuf import encode_varint as varint
 from ckptview.tree import Tree
 
 GT = "caffe2/ground_truth.json"
@@ -309,15 +310,6 @@ def test_record_boundary_cut_caught_by_blob_names():
 
 
 # -- hand-made records ---------------------------------------------------------------------
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def fld(number: int, payload: bytes | int) -> bytes:

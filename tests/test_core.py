@@ -275,3 +275,16 @@ def test_variables_columns_and_dtypes(demo_catalog):
     assert all(e is None or isinstance(e, str) or pd.isna(e) for e in df["error"])
     assert isinstance(demo_catalog.metrics, pd.DataFrame)
     assert list(demo_catalog.metrics.columns) == ["serial", "name", "value"]
+
+
+def test_protobuf_encoder_matches_the_documented_encoding():
+    """protobuf.dev "Encoding": field 1 = 150 is ``08 96 01``; 300 is ``ac 02``; int64 -1 is
+    ten bytes ``ff … ff 01``; and the decoder reads the encoder's output back."""
+    from ckptview.protobuf import decode, encode_field, encode_varint, signed
+
+    assert encode_field(1, 150) == bytes.fromhex("089601")
+    assert encode_varint(300) == bytes.fromhex("ac02")
+    assert encode_varint(-1) == bytes.fromhex("ffffffffffffffffff01")
+    msg = encode_field(2, b"testing") + encode_field(3, -5)
+    fields = decode(msg)
+    assert bytes(fields[2][0]) == b"testing" and signed(fields[3][0]) == -5

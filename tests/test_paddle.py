@@ -16,21 +16,13 @@ import ckptview as cv
 from ckptview.codecs.paddle import program_dtypes
 from ckptview.io import Storage
 from ckptview.layouts.paddle import ctime_stamp
+from ckptview.protobuf import encode_varint as varint
 
 GT = "paddle/ground_truth.json"
 STREAM_FORMATS = ("lod_tensor", "selected_rows", "save_combine")
 
 
 # -- a tiny writer, byte for byte as spec §1/§3 ---------------------------------------------
-def varint(v: int) -> bytes:
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        out.append(b | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
 
 
 def field(number: int, value) -> bytes:

@@ -16,20 +16,12 @@ from conftest import corpus_path, ground_truth
 
 import ckptview as cv
 from ckptview.diff import aligned
+from ckptview.protobuf import encode_varint as _varint
 
 # -- a plain-numpy Paddle LoDTensor reader/writer (spec: paddle.md §1) ---------------------------
 PADDLE_DTYPES = {0: "bool", 1: "<i2", 2: "<i4", 3: "<i8", 4: "<f2", 5: "<f4", 6: "<f8",
                  20: "u1", 21: "i1", 23: "<c8", 24: "<c16"}  # fmt: skip
 PADDLE_CODES = {np.dtype(v): k for k, v in PADDLE_DTYPES.items()}
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def lod_header(dtype, shape) -> bytes:

@@ -20,6 +20,7 @@ from conftest import corpus_path, ground_truth
 import ckptview as cv
 from ckptview.codecs import tf as tfc
 from ckptview.io import Storage
+from ckptview.protobuf import encode_varint as _varint
 
 TF_GT = "tf_orbax/tf/ground_truth.json"
 MODERN_GT = "modern/ground_truth.json"
@@ -153,14 +154,6 @@ def test_catalog_reads_the_index_and_only_the_object_graph(monkeypatch):
 
 
 # -- a hand-built bundle: SSTable writer for odd and hostile input -------------------------------
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _mask(crc: int) -> int:
