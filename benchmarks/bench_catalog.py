@@ -53,9 +53,6 @@ def work():
     for index in sorted(glob.glob(sys.argv[1] + "/*.index")):
         rows += len(tf.train.list_variables(index[: -len(".index")]))
     return {"rows": rows}
-t0 = time.perf_counter(); work(); cold = time.perf_counter() - t0
-t0 = time.perf_counter(); out = work(); warm = time.perf_counter() - t0
-print(json.dumps({"work_s": warm, "cold_s": cold, **out}))
 """
 
 TF_FLOOR = r"""
@@ -66,9 +63,6 @@ def work():
         with open(index, "rb") as fh:
             n += len(fh.read())
     return {"index_bytes": n}
-t0 = time.perf_counter(); work(); cold = time.perf_counter() - t0
-t0 = time.perf_counter(); out = work(); warm = time.perf_counter() - t0
-print(json.dumps({"work_s": warm, "cold_s": cold, **out}))
 """
 
 CKPTVIEW = r"""
@@ -76,9 +70,6 @@ import json, sys, time, ckptview as cv
 def work():
     cat = cv.open(sys.argv[1], cache=False)
     return {"rows": len(cat.variables), "bytes_read": cat.storage.counters.bytes_read}
-t0 = time.perf_counter(); work(); cold = time.perf_counter() - t0
-t0 = time.perf_counter(); out = work(); warm = time.perf_counter() - t0
-print(json.dumps({"work_s": warm, "cold_s": cold, **out}))
 """
 
 TORCH_LOAD = r"""
@@ -89,9 +80,6 @@ def work():
         sd = torch.load(f, mmap=True, weights_only=True)
         rows += sum(1 for t in sd.values() if hasattr(t, "shape") and (t.dtype, tuple(t.shape)))
     return {"rows": rows}
-t0 = time.perf_counter(); work(); cold = time.perf_counter() - t0
-t0 = time.perf_counter(); out = work(); warm = time.perf_counter() - t0
-print(json.dumps({"work_s": warm, "cold_s": cold, **out}))
 """
 
 TORCH_FLOOR = r"""
@@ -103,9 +91,6 @@ def work():
             name = next(i for i in z.namelist() if i.endswith("data.pkl"))
             n += len(z.read(name))
     return {"pickle_bytes": n}
-t0 = time.perf_counter(); work(); cold = time.perf_counter() - t0
-t0 = time.perf_counter(); out = work(); warm = time.perf_counter() - t0
-print(json.dumps({"work_s": warm, "cold_s": cold, **out}))
 """
 
 SAFE_OPEN = r"""
@@ -118,9 +103,6 @@ def work():
             for k in h.keys():
                 h.get_slice(k).get_shape(); rows += 1
     return {"rows": rows}
-t0 = time.perf_counter(); work(); cold = time.perf_counter() - t0
-t0 = time.perf_counter(); out = work(); warm = time.perf_counter() - t0
-print(json.dumps({"work_s": warm, "cold_s": cold, **out}))
 """
 
 SAFE_FLOOR = r"""
@@ -132,9 +114,6 @@ def work():
             size = struct.unpack("<Q", fh.read(8))[0]
             n += len(fh.read(size))
     return {"header_bytes": n}
-t0 = time.perf_counter(); work(); cold = time.perf_counter() - t0
-t0 = time.perf_counter(); out = work(); warm = time.perf_counter() - t0
-print(json.dumps({"work_s": warm, "cold_s": cold, **out}))
 """
 
 

@@ -12,11 +12,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+#: appended to scripts that define ``work()``: a first (cold) and a second (warm) run in process
+TIMED_WORK = """
+import json as _json, time as _time
+_t0 = _time.perf_counter(); work(); _cold = _time.perf_counter() - _t0
+_t0 = _time.perf_counter(); _out = work(); _warm = _time.perf_counter() - _t0
+print(_json.dumps({"work_s": _warm, "cold_s": _cold, **_out}))
+"""
+
+
 def run_contender(script: str, *args: str, python: str = sys.executable, repeat: int = 3) -> dict:
     """Run ``python -c script args`` ``repeat`` times; best wall time and peak RSS (MiB).
 
-    The script prints one JSON object (its own result, e.g. a checksum) on its last line.
+    The script prints one JSON object (its own result, e.g. a checksum) on its last line; a
+    script that defines ``work()`` instead gets :data:`TIMED_WORK` appended.
     """
+    if "\ndef work()" in script:
+        script += TIMED_WORK
     best = None
     for _ in range(repeat):
         t0 = time.perf_counter()
