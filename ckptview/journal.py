@@ -54,9 +54,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 
-from .layouts.base import Op
+from .model import META_DIR, Op
 
-META_DIR = ".ckptview"
 COPY_BLOCK = 8 << 20
 
 

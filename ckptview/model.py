@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+#: where ckptview keeps its own bookkeeping under a tree root (journal, lock, policy, staging)
+META_DIR = ".ckptview"
+#: where copies are staged before the rename that commits them
+STAGE_DIR = f"{META_DIR}/tmp"
+
 KINDS = ("model", "optimizer", "trainer", "lookup_table", "rng", "scheduler", "other")
 
 
@@ -88,3 +93,18 @@ class TreeScan:
     latest_rule: bool = False  # True: ``latest`` is set by the layout (even when None)
     metrics: list[tuple[int, str, float]] = field(default_factory=list)
     attrs: dict = field(default_factory=dict)  # tree facts (best_model_checkpoint, …)
+
+
+@dataclass
+class Op:
+    """One step of a change: ``copy`` (src: absolute path on the source storage), ``write``
+    (data), ``rename`` (src: relative path), ``delete`` (a file) or ``rmdir`` (an empty dir)."""
+
+    kind: str
+    path: str
+    src: str | None = None
+    data: bytes | None = None
+    nbytes: int = 0
+    atomic: bool = True  # copy/write: via a temp file under .ckptview/tmp, then a rename
+    replace: bool = False  # write: may replace an existing file (state files: atomic rename)
+    note: str = ""

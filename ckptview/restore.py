@@ -15,8 +15,7 @@ import pandas as pd
 
 from .io import Storage
 from .journal import Journal, OpRunner, TreeLock, describe
-from .layouts.base import Op
-from .model import SerialInfo
+from .model import Op, SerialInfo
 
 OP_COLUMNS = ["kind", "path", "src", "nbytes", "note"]
 

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import pandas as pd
 
 from .journal import META_DIR, Journal, OpRunner, TreeLock, describe
-from .layouts.base import Op
+from .model import Op
 from .restore import serial_info
 
 POLICY_FILE = f"{META_DIR}/retention.json"

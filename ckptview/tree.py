@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from .io import Blob, Storage, normalize_info
+from .model import META_DIR
 
 
 class Tree:
@@ -44,7 +45,7 @@ class Tree:
         out = {}
         for path, inf in found.items():
             rel = self.rel(path)
-            if rel and not rel.startswith(".ckptview"):
+            if rel and not rel.startswith(META_DIR):
                 out[rel] = normalize_info(inf)
         return out
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import ClassVar
 
-from ..model import SerialInfo, TreeScan
+from ..model import STAGE_DIR, Op, SerialInfo, TreeScan
 from ..tree import Tree
 
 
@@ -175,8 +175,6 @@ class Layout:
 
 
 _NUM = re.compile(r"(\d+)")
-#: where ``stage_in_meta`` layouts stage copies (ckptview.journal.META_DIR + "/tmp")
-STAGE_DIR = ".ckptview/tmp"
 
 
 def trailing_int(name: str) -> int | None:
@@ -188,21 +186,6 @@ def trailing_int(name: str) -> int | None:
 # -- management ops: restore and retention ----------------------------------------------
 # Layouts describe changes as a list of Ops; ckptview.journal runs them (journaled, locked,
 # every write atomic). Paths in ops are relative to the root of the tree being changed.
-
-
-@dataclass
-class Op:
-    """One step of a change: ``copy`` (src: absolute path on the source storage), ``write``
-    (data), ``rename`` (src: relative path), ``delete`` (a file) or ``rmdir`` (an empty dir)."""
-
-    kind: str
-    path: str
-    src: str | None = None
-    data: bytes | None = None
-    nbytes: int = 0
-    atomic: bool = True  # copy/write: via a temp file under .ckptview/tmp, then a rename
-    replace: bool = False  # write: may replace an existing file (state files: atomic rename)
-    note: str = ""
 
 
 def single_serial_refusal(layout: str) -> ValueError:

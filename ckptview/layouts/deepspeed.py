@@ -22,9 +22,9 @@ from __future__ import annotations
 import posixpath
 import re
 
-from ..model import FileRef, SerialInfo, TreeScan
+from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, Op, trailing_int
+from .base import Layout, trailing_int
 
 MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 ZERO = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")

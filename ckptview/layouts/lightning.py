@@ -24,10 +24,10 @@ import numpy as np
 from ..codecs.torch import ZipRecord, open_torch
 from ..dtypes import np_dtype
 from ..io import Blob
-from ..model import FileRef, SerialInfo, TreeScan
+from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
 from ..unpickle import Record, StorageRef, TensorRef
-from .base import Layout, Op
+from .base import Layout
 
 LAST = re.compile(r"^last(?:-v(\d+))?\.ckpt$")
 STEP = re.compile(r"(?<![A-Za-z0-9_])step=(\d+)")

@@ -14,9 +14,9 @@ import re
 import struct
 
 from ..codecs.paddle_dcp import DcpMetadata, metadata_hints, read_metadata
-from ..model import FileRef, SerialInfo, TreeScan
+from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, Op
+from .base import Layout
 
 SHARD = re.compile(r"^(\d+)_(\d+)\.(distcp|safetensors)$")
 METADATA = re.compile(r"^(\d+)\.metadata$")

@@ -14,9 +14,9 @@ import re
 import time
 from datetime import datetime, timezone
 
-from ..model import FileRef, SerialInfo, TreeScan
+from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, Op
+from .base import Layout
 
 _DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5,})-of-(?P<count>\d{5,})$")
 _TEMP = re.compile(r"^(?P<prefix>.+?)\.(index|data-\d+-of-\d+).*tempstate.*$")
