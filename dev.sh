@@ -2,7 +2,8 @@
 # Developer entry point; works on a fresh clone of a fresh machine (Python >= 3.10 with pip).
 #
 #   ./dev.sh dashboard [PORT]   set up .venv, write the demo tree, serve the dashboard (5006)
-#   ./dev.sh test [PYTEST ARGS] set up .venv (+ Debian chromium), run ruff check and pytest
+#   ./dev.sh test [PYTEST ARGS] set up .venv (+ Debian chromium), run ruff check, the import
+#                               contracts, mypy and pytest
 #   ./dev.sh setup [EXTRAS]     only create/refresh .venv with ckptview[EXTRAS] (default: test)
 #
 # .venv is reinstalled only when pyproject.toml or .ci/constraints.txt change (the constraints
@@ -45,6 +46,10 @@ cmd_test() {
   need_chromium
   log "ruff check"
   "$VENV/bin/ruff" check .
+  log "import contracts (lint-imports)"
+  "$VENV/bin/lint-imports" --no-cache
+  log "mypy (formats, engine, changes)"
+  "$VENV/bin/mypy" ckptview/formats ckptview/engine ckptview/changes
   log "pytest $*"
   local rc=0
   "$VENV/bin/pytest" "$@" || rc=$?
@@ -69,5 +74,5 @@ case "${1:-}" in
   test) shift; cmd_test "$@" ;;
   dashboard) shift; cmd_dashboard "$@" ;;
   setup) setup "${2:-test}" ;;
-  *) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 #: where ckptview keeps its own bookkeeping under a tree root (journal, lock, policy, staging)
 META_DIR = ".ckptview"
@@ -51,6 +52,88 @@ class VarInfo:
         return n
 
 
+# -- codec hints: what a layout knows about a file that helps its codec ---------------------
+_H = TypeVar("_H", bound="Hints")
+
+
+@dataclass(frozen=True)
+class Hints:
+    """Options a layout hands the codec of one file (``FileRef.hints``): one subclass per
+    codec family, a field at its default meaning "not known".
+
+    A codec reads its family's with ``TFHints.of(hints)``, which also takes None, another
+    family's hints (none of them apply) or a plain mapping of field names
+    (``codec.list_variables(blob, {"object_graph": True})``; unknown keys are ignored).
+    """
+
+    @classmethod
+    def of(cls: type[_H], hints: Hints | Mapping[str, Any] | None) -> _H:
+        if isinstance(hints, cls):
+            return hints
+        if hints is None or isinstance(hints, Hints):
+            return cls()
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in hints.items() if k in names})
+
+    def items(self) -> list[tuple[str, Any]]:
+        """``(field, value)`` of every option set (not at its default), like a dict's items:
+        what the header cache keys a listing on."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self)
+                if getattr(self, f.name) != f.default]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PaddleHints(Hints):
+    """Paddle streams and pickles (codecs ``paddle`` and ``paddle-pickle``)."""
+
+    #: path of the ProgramDesc (``__model__``/``*.pdmodel``) or PIR ``*.json`` that names
+    #: combined streams and gives the dtypes of pickled tensors
+    program: str | None = None
+    #: explicit names of the streams of a combined file, in order
+    names: Sequence[str] | None = None
+    #: ``"selected_rows"`` or ``"dense"``: the reading to prefer for a one-stream file
+    stream: str | None = None
+    #: variable name -> dtype (bfloat16 pickled as uint16 bit patterns)
+    dtypes: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class PaddleDcpHints(Hints):
+    """One Paddle distributed-checkpoint shard (codec ``paddle-dcp``), from its metadata."""
+
+    #: variable name -> dtype
+    dtypes: Mapping[str, str] | None = None
+    #: variable name -> shape of the whole (unsharded) tensor
+    global_shapes: Mapping[str, Sequence[int]] | None = None
+    #: variable name -> offset of this file's piece in the whole tensor
+    offsets: Mapping[str, Sequence[int]] | None = None
+
+
+@dataclass(frozen=True)
+class TFHints(Hints):
+    """A TensorFlow tensor bundle (codec ``tf``)."""
+
+    #: data shard path -> size, from the layout's listing (else each shard is stat'ed)
+    data_sizes: Mapping[str, int] | None = None
+    #: True: also read the ``_CHECKPOINTABLE_OBJECT_GRAPH`` for readable names (a read of
+    #: the data file; off, a listing reads the ``.index`` only)
+    object_graph: bool = False
+
+
+@dataclass(frozen=True)
+class OrbaxHints(Hints):
+    """Orbax items (codecs ``orbax`` and ``orbax-json``)."""
+
+    #: path relative to the item dir -> size, from the layout's listing (else it is listed)
+    files: Mapping[str, int] | None = None
+    #: the kind of a JSON item's one variable (default: the FileRef's)
+    kind: str | None = None
+
+
+#: what ``Codec.list_variables`` accepts as hints
+HintsLike: TypeAlias = "Hints | Mapping[str, Any] | None"
+
+
 @dataclass
 class FileRef:
     """A file a layout assigns to a serial: which node wrote it and how to name its variables."""
@@ -60,7 +143,7 @@ class FileRef:
     prefix: str = ""  # joined before every variable name with "/"
     kind: str | None = None  # default kind for its variables
     codec: str | None = None  # force a codec by name
-    hints: dict = field(default_factory=dict)  # codec options (e.g. a program desc path)
+    hints: Hints | None = None  # what the layout knows that helps the codec (a program path …)
     size: int | None = None
     optional: bool = False  # True: a file no codec recognizes is skipped, not an error
 

@@ -23,7 +23,9 @@ class Tree:
         self.root = root.rstrip("/") or "/"
         self._entries = entries
         self.single: str | None = None  # set when the tree is one file
-        self.cache = None  # a ckptview.cache.HeaderCache for small-file reads, set by open()
+        #: a ckptview.scan.cache.HeaderCache for small-file reads, set by open() (typed Any:
+        #: the tree sits below the scan layer)
+        self.cache: Any = None
 
     @classmethod
     def at(cls, storage: Storage, path: str) -> Tree:
@@ -48,6 +50,18 @@ class Tree:
             if rel and not rel.startswith(META_DIR):
                 out[rel] = normalize_info(inf)
         return out
+
+    @property
+    def listed(self) -> bool:
+        """True once ``entries`` has been read (since construction or the last ``forget``)."""
+        return "entries" in self.__dict__
+
+    def forget(self) -> None:
+        """Forget the listing: the next ``entries`` lists the storage again (and the
+        filesystem's own listing cache is dropped). A tree built from given entries keeps them."""
+        if self._entries is None:
+            self.__dict__.pop("entries", None)
+            self.storage.fs.invalidate_cache(self.root)  # s3fs & co. cache listings
 
     def rel(self, path: str) -> str:
         path = path.rstrip("/")

@@ -39,7 +39,7 @@ def ground_truth(rel: str) -> dict:
 @pytest.fixture(autouse=True)
 def _fresh_header_cache():
     """Each test starts with an empty process-wide header cache, so I/O counts stay its own."""
-    from ckptview import cache
+    from ckptview.scan import cache
 
     cache.default_cache().clear()
     yield
@@ -49,6 +49,7 @@ def pytest_collection_modifyitems(config, items):
     """Run the Chromium tests last: pytest-playwright's session browser keeps an asyncio loop
     running on the main thread, under which Panel/param run async callbacks as scheduled tasks
     instead of to completion — the in-process widget and notebook tests must come first."""
+
     def uses_browser(item) -> bool:
         names = getattr(item, "fixturenames", ())
         return bool(item.get_closest_marker("browser")) or "page" in names or "browser" in names

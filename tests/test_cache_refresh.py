@@ -18,8 +18,8 @@ import pytest
 from conftest import corpus_path
 
 import ckptview as cv
-from ckptview.cache import RACY, HeaderCache
 from ckptview.io import Storage
+from ckptview.scan.cache import RACY, HeaderCache
 
 
 def backdate(root: Path, seconds: float = 60) -> None:

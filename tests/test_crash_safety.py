@@ -25,9 +25,9 @@ from test_stats_diff import write_lod
 import ckptview as cv
 from ckptview import registry
 from ckptview.catalog import Catalog
+from ckptview.changes.journal import read_journal
+from ckptview.engine.restore import export_to
 from ckptview.io import Storage
-from ckptview.journal import read_journal
-from ckptview.restore import export_to
 from ckptview.tree import Tree
 
 RESULTS: dict[str, list[int]] = {}  # scenario -> [points injected, survived]
@@ -231,7 +231,7 @@ def test_crash_during_restore_to_other_tree(tmp_path):
             assert s == 2
             assert files_under(now, "checkpoint_2/") == files_under(src_snap, "checkpoint_2/")
 
-    run_points("fluid-export", setup, lambda fs, root: export_to(source, 2, fs, str(root)),
+    run_points("fluid-export", setup, lambda fs, root: export_to(source._scan, 2, fs, str(root)),
                check, tmp_path)  # fmt: skip
 
 
@@ -369,7 +369,7 @@ def numbered_check(latest: int, source: int | None = None, target: int | None = 
         for info in cat.scan.serials:
             if not bool(table.loc[info.serial, "complete"]):
                 continue
-            files = cat._layout.serial_files(cat.tree, info)
+            files = cat._scan.layout.serial_files(cat.tree, info)
             if info.serial == target:
                 origin = {f: f.replace(str(target), str(source)) for f in files}
                 assert set(origin.values()) == wanted[source]

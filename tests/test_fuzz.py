@@ -29,9 +29,9 @@ import pytest
 from conftest import CORPUS, corpus_path
 
 import ckptview as cv
-from ckptview.catalog import list_file
 from ckptview.dtypes import np_dtype
 from ckptview.io import Storage
+from ckptview.scan.listing import list_file
 
 SEED = 20240611
 #: $CKPTVIEW_FUZZ_SCALE multiplies the case counts (default: ~25 s of CPU in all; 4 gives

@@ -158,7 +158,7 @@ def test_missing_h5py_says_how_to_install(monkeypatch):
 
 CRASH_SCRIPT = """
 import fsspec
-from ckptview.catalog import list_file
+from ckptview.scan.listing import list_file
 from ckptview.io import Storage
 from ckptview.model import FileRef
 res = list_file(Storage(fsspec.filesystem("file")), 0, FileRef({path!r}))

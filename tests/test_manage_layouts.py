@@ -114,7 +114,7 @@ def test_promote_in_place(case_id, tmp_path):
     if case.mode == "single":
         assert cat.latest == src and len(plan.ops) == 0 and "already" in plan.message
         with pytest.raises(ValueError, match="one serial"):
-            cat._layout.promote_ops(cat.tree, cat.scan, cat.scan.serials[0])
+            cat._scan.layout.promote_ops(cat.tree, cat.scan, cat.scan.serials[0])
         return
     assert len(plan.ops) and not plan.done
 
@@ -189,7 +189,7 @@ def test_retention_keep_last_one(case_id, tmp_path):
 
 def _serial_paths(cat, serial: int) -> list[str]:
     info = next(s for s in cat.scan.serials if s.serial == serial)
-    return [cat.tree.abs(f) for f in cat._layout.serial_files(cat.tree, info)]
+    return [cat.tree.abs(f) for f in cat._scan.layout.serial_files(cat.tree, info)]
 
 
 def test_export_to_memory_filesystem(tmp_path):
@@ -225,7 +225,7 @@ def test_paddle_incubate_promote_and_delete_go_through_tmp(tmp_path):
     staged = "__paddle_checkpoint__.3.tmp/"
     assert all(p.startswith(staged) for p in plan.ops["path"].iloc[:-1])
     assert list(plan.ops.iloc[-1][["kind", "path"]]) == ["rename", "__paddle_checkpoint__.3"]
-    ops = cat._layout.delete_ops(cat.tree, cat.scan, cat.scan.serials[0])
+    ops = cat._scan.layout.delete_ops(cat.tree, cat.scan, cat.scan.serials[0])
     assert (ops[0].kind, ops[0].src, ops[0].path) == (
         "rename", "__paddle_checkpoint__.0", "__paddle_checkpoint__.0.tmp")  # fmt: skip
     assert ops[-1].kind == "rmdir" and ops[-1].path == "__paddle_checkpoint__.0.tmp"
@@ -272,14 +272,14 @@ def test_lightning_never_overwrites_last_ckpt(tmp_path):
 def test_orbax_delete_uncommits_first(tmp_path):
     _case, root = build("orbax", tmp_path)
     cat = cv.open(root)
-    ops = cat._layout.delete_ops(cat.tree, cat.scan, cat.scan.serials[0])
+    ops = cat._scan.layout.delete_ops(cat.tree, cat.scan, cat.scan.serials[0])
     assert (ops[0].kind, ops[0].src, ops[0].path) == ("rename", "2", "2.orbax-checkpoint-tmp")
     assert all(o.path.startswith("2.orbax-checkpoint-tmp") for o in ops[1:])
     markers = [o.path for o in ops if o.note == "marker"]
     assert markers and all(p.endswith("commit_success.txt") for p in markers)
     (root / "2.orbax-checkpoint-tmp").mkdir()  # a leftover tmp of the same step
     cat.refresh()
-    ops = cat._layout.delete_ops(cat.tree, cat.scan, cat.scan.serials[0])
+    ops = cat._scan.layout.delete_ops(cat.tree, cat.scan, cat.scan.serials[0])
     assert ops[0].path.startswith("2.orbax-checkpoint-tmp-") and ops[0].src == "2"
 
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import corpus_path, ground_truth
 
 import ckptview as cv
-from ckptview.layouts.numbered import parse_name
+from ckptview.layouts.base import parse_name
 
 
 def index_tree(corpus_index: dict, root: str) -> dict:

@@ -212,9 +212,7 @@ def test_static_save_references_pickles_and_program():
     assert cat.layout == "paddle-static"
     refs = {Path(r.path).name: r for r in cat.scan.serials[0].files}
     assert set(refs) == {"model.pdparams", "model.pdopt"}
-    assert all(
-        r.codec is None and r.hints["program"].endswith("model.pdmodel") for r in refs.values()
-    )
+    assert all(r.codec is None and r.hints.program.endswith("model.pdmodel") for r in refs.values())
     assert cat.latest == 0
 
 

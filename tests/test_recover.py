@@ -1,4 +1,4 @@
-"""Recovery after a real crash: ``ckptview.journal.recover`` and ``ckptview journal``.
+"""Recovery after a real crash: ``ckptview.changes.recover.recover`` and ``ckptview journal``.
 
 A restore is cut short at every mutating filesystem call (the ``crash`` model: that call and
 every later one fail, the process is gone; the ``fault`` model: only that call fails and
@@ -31,9 +31,12 @@ from test_crash_safety import (
 from test_restore import snapshot
 
 import ckptview as cv
+from ckptview.changes.journal import read_journal
+from ckptview.changes.lock import TreeLock, TreeLockedError
+from ckptview.changes.recover import recover
+from ckptview.changes.status import status
 from ckptview.cli import main
-from ckptview.journal import TreeLock, TreeLockedError, read_journal, recover, status
-from ckptview.restore import export_to
+from ckptview.engine.restore import export_to
 
 RESULTS: dict[str, list[int]] = {}  # scenario -> [points, recovered to before, to finished]
 FACTS = ["complete", "latest", "n_files", "n_variables", "nbytes"]
@@ -96,7 +99,7 @@ def _deepspeed_export(tmp: Path):
         d.mkdir(parents=True)
         return d
 
-    return setup, lambda fs, root: export_to(source, 10, fs, str(root))
+    return setup, lambda fs, root: export_to(source._scan, 10, fs, str(root))
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

@@ -15,7 +15,8 @@ import pytest
 from conftest import corpus_path
 
 import ckptview as cv
-from ckptview.journal import TreeLock, TreeLockedError, read_journal
+from ckptview.changes.journal import read_journal
+from ckptview.changes.lock import TreeLock, TreeLockedError
 from ckptview.layouts.tf import format_state, parse_state
 
 

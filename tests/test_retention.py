@@ -12,18 +12,18 @@ from test_restore import copy_corpus, journal_events, snapshot
 from test_stats_diff import write_fluid_tree
 
 import ckptview as cv
-from ckptview.retention import (
+from ckptview.engine.policies import (
     AnyOf,
     KeepBest,
     KeepEvery,
     KeepLast,
     KeepNewerThan,
     Pinned,
-    TreeChangedError,
     make_policy,
     parse_best,
     parse_duration,
 )  # fmt: skip
+from ckptview.engine.retention import TreeChangedError
 
 NOW = datetime(2026, 1, 10, tzinfo=timezone.utc)
 

@@ -17,7 +17,7 @@ from conftest import corpus_path
 from s3server import FaultProxy, MotoServer, s3fs_client, storage_options, upload
 
 import ckptview as cv
-from ckptview.cache import HeaderCache
+from ckptview.scan.cache import HeaderCache
 
 pytestmark = pytest.mark.s3
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import corpus_path, ground_truth
 
 import ckptview as cv
-from ckptview.diff import aligned
+from ckptview.engine.diff import aligned
 from ckptview.protobuf import encode_varint as _varint
 
 # -- a plain-numpy Paddle LoDTensor reader/writer (spec: paddle.md §1) ---------------------------
@@ -329,7 +329,7 @@ def test_diff_of_1gb_tree_keeps_memory_bounded(tmp_path):
 
 # -- the blocked float64 accumulator against the general (whole-chunk) path -------------------
 def _accumulate(pairs, general: bool) -> dict:
-    from ckptview.diff import DiffAccumulator
+    from ckptview.engine.diff import DiffAccumulator
 
     acc = DiffAccumulator()
     for xa, xb in pairs:
@@ -348,8 +348,8 @@ def _accumulate(pairs, general: bool) -> dict:
      ("int32", "int64"), ("bool", "bool"), ("uint8", "uint8"), ("bfloat16", "bfloat16")],
 )  # fmt: skip
 def test_blocked_accumulator_matches_the_general_path(dtype_a, dtype_b):
-    from ckptview.diff import BLOCK
     from ckptview.dtypes import np_dtype
+    from ckptview.engine.diff import BLOCK
 
     rng = np.random.default_rng(7)
     n = 3 * BLOCK + 123  # blocks, and a short last one
@@ -370,7 +370,7 @@ def test_blocked_accumulator_matches_the_general_path(dtype_a, dtype_b):
 
 
 def test_blocked_accumulator_nan_and_inf_blocks():
-    from ckptview.diff import BLOCK
+    from ckptview.engine.diff import BLOCK
 
     rng = np.random.default_rng(3)
     n = 4 * BLOCK

@@ -12,7 +12,7 @@ import pytest
 from conftest import corpus_path, ground_truth
 
 import ckptview as cv
-from ckptview.codecs.torch import LEGACY_MAGIC
+from ckptview.formats.torch_pickle import LEGACY_MAGIC
 
 GT = ground_truth("modern/ground_truth.json")["files"]
 TORCH_FILES = sorted(

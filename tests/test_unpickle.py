@@ -12,16 +12,16 @@ import subprocess
 import numpy as np
 import pytest
 
-from ckptview.io import Storage, TruncatedError
-from ckptview.unpickle import (
+from ckptview.formats.pickle import (
     ArrayRef,
     LazyBytes,
     Record,
     RestrictedUnpicklingError,
     flatten,
     load_pickle,
-    torch_persistent_load,
 )
+from ckptview.formats.torch_pickle import torch_persistent_load
+from ckptview.io import Storage, TruncatedError
 
 
 class _Evil:
@@ -190,7 +190,7 @@ def test_allow_adds_record_classes():
 
 def test_object_count_is_capped():
     """Millions of DUP/MEMOIZE opcodes cannot build an enormous memo or stack."""
-    from ckptview import unpickle
+    import ckptview.formats.pickle as unpickle
 
     assert unpickle.MAX_OBJECTS == 10_000_000
     memo_bomb = b"\x80\x04N" + b"\x94" * 50_000 + b"."  # MEMOIZE: one memo entry each

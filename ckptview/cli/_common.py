@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
 import pandas as pd
+
+import ckptview as cv
+from ckptview.changes.lock import TreeLockedError
+from ckptview.engine.retention import TreeChangedError
+
+from . import CLIError
 
 
 def add_open_args(p) -> None:
@@ -23,8 +30,6 @@ def add_progress_args(p) -> None:
 
 def open_tree(args, url: str | None = None, layout: str | None = None):
     """Open ``url`` (default ``args.url``) with a scan progress bar per ``args``."""
-    import ckptview as cv
-
     layout = layout if url is not None else getattr(args, "layout", None)
     return cv.open(url or args.url, layout=layout, progress=ScanBar(args))
 
@@ -77,15 +82,9 @@ def progress(total: int | None, desc: str, unit: str = "B", args=None):
 
 def guarded(run):
     """Turn the engine's refusals (a locked or changed tree) into one-line CLI errors."""
-    import functools
 
     @functools.wraps(run)
     def wrapper(args) -> int:
-        from ckptview.journal import TreeLockedError
-        from ckptview.retention import TreeChangedError
-
-        from . import CLIError
-
         try:
             return run(args)
         except (TreeLockedError, TreeChangedError) as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..demo import SEED, write_demo
 from . import CLIError
 
 
@@ -20,8 +21,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..demo import SEED, write_demo
-
     if args.serials < 1 or args.scale < 1:
         raise CLIError("--serials and --scale must be at least 1")
     target = Path(args.dir)

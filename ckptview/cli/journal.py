@@ -6,6 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
+from ckptview.changes.journal import open_root
+from ckptview.changes.lock import break_lock
+from ckptview.changes.recover import recover
+from ckptview.changes.status import status
+
 from ._common import add_progress_args, guarded, print_table
 
 
@@ -24,12 +29,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ckptview.journal import _open_root, break_lock, recover, status
-
     if args.last < 1:
         raise ValueError("--last must be at least 1")
     if args.break_lock:
-        fs, root = _open_root(args.url, None)
+        fs, root = open_root(args.url, None)
         held = break_lock(fs, root)
         print(f"lock removed: {held}" if held else "no lock", file=sys.stderr)
     if args.recover:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from ckptview.changes.lock import break_lock
+from ckptview.engine.policies import describe_policy, make_policy
+
 from ._common import add_open_args, guarded, open_tree, print_table, progress
 
 
@@ -24,9 +27,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ckptview.journal import break_lock
-    from ckptview.retention import describe_policy, make_policy
-
     cat = open_tree(args)
     if args.break_lock:
         held = break_lock(cat.storage.fs, cat.tree.root)

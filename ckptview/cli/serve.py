@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ckptview as cv
+
 from . import CLIError
 
 APP_NAME = "ckptview_app"
@@ -79,8 +81,6 @@ def command(args, app: Path) -> list[str]:
 
 
 def run(args) -> int:
-    import ckptview as cv
-
     app = app_path()
     for url in args.urls:  # fail fast, with one line, on a tree that cannot be opened
         cv.open(url)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from ..dtypes import np_dtype
 from ..io import Blob, Storage
-from ..model import VarInfo
+from ..model import HintsLike, VarInfo
+from ..registry import CodecTier
 
 
 class PartialRead(Exception):
@@ -25,14 +26,20 @@ class Codec:
 
     Subclasses set ``name``, and for cheap detection ``suffixes`` (file name endings) and/or
     ``magic`` (leading bytes), or override :meth:`guess_can_open`. ``list_variables`` must not
-    read tensor data; ``read`` must read only the asked variable's bytes.
+    read tensor data; ``read`` must read only the asked variable's bytes. A class joins the
+    registry by being defined in a ``ckptview.codecs`` module, through the ``ckptview.codecs``
+    entry-point group, or with :func:`ckptview.registry.register`.
     """
 
     name: ClassVar[str] = ""
     suffixes: ClassVar[tuple[str, ...]] = ()
     magic: ClassVar[tuple[bytes, ...]] = ()
-    #: ordering among codecs when several claim a file; lower goes first
-    priority: ClassVar[int] = 50
+    #: name endings under which a script saves one checkpoint of this format per file
+    #: (``torch.save(sd, f"step_{n}.pt")``); layouts that number files by name ask
+    #: :func:`ckptview.registry.save_suffixes`. Empty: never a numbered save of its own
+    save_suffixes: ClassVar[tuple[str, ...]] = ()
+    #: ordering among codecs when several claim a file: lower goes first, equal by name
+    priority: ClassVar[int] = CodecTier.DEFAULT
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         """Cheap check on the name and the first bytes of a file."""
@@ -45,7 +52,10 @@ class Codec:
         header can lie past it: may read a few small ranges more. Default: no."""
         return False
 
-    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+    def list_variables(self, blob: Blob, hints: HintsLike) -> list[VarInfo]:
+        """Variables of the file from its header. ``hints``: what the layout knows about the
+        file (``FileRef.hints``: a :class:`ckptview.model.Hints` subclass, or None); read
+        your family's with e.g. ``TFHints.of(hints)``, which also takes a plain mapping."""
         raise NotImplementedError
 
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
@@ -72,6 +82,8 @@ def _disk_dtype(var: VarInfo) -> np.dtype:
 def read_span(storage: Storage, var: VarInfo) -> np.ndarray:
     """A variable's values from its span: one ranged read."""
     span = var.span
+    if span is None:
+        raise ValueError(f"{var.name}: no span to read")
     dt = _disk_dtype(var)
     want = var.numel * dt.itemsize
     if span.length < want:
@@ -79,7 +91,8 @@ def read_span(storage: Storage, var: VarInfo) -> np.ndarray:
     data = storage.read_range(span.path, span.offset, span.offset + want)
     if len(data) < want:
         raise ValueError(f"{var.name}: file ends {want - len(data)} bytes early")
-    arr = np.frombuffer(data, dtype=dt, count=var.numel).reshape(var.shape, order=span.order)
+    order: Literal["C", "F"] = "F" if span.order == "F" else "C"
+    arr = np.frombuffer(data, dtype=dt, count=var.numel).reshape(var.shape, order=order)
     target = np_dtype(var.dtype)
     if arr.dtype != target:
         arr = arr.astype(target)
@@ -89,6 +102,8 @@ def read_span(storage: Storage, var: VarInfo) -> np.ndarray:
 def iter_span_chunks(storage: Storage, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
     """A C-order span in flat pieces of about ``max_bytes``; one ranged read per piece."""
     span = var.span
+    if span is None:
+        raise ValueError(f"{var.name}: no span to read")
     dt = _disk_dtype(var)
     target = np_dtype(var.dtype)
     per = max(1, max_bytes // max(1, dt.itemsize))

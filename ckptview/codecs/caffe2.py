@@ -16,7 +16,7 @@ import numpy as np
 from ..io import Blob, TruncatedError
 from ..model import VarInfo
 from ..protobuf import LEN, VARINT, DecodeError, decode, read_varint, signed
-from .base import Codec, PartialRead
+from .base import Codec, CodecTier, PartialRead
 
 CHUNK_SEP = "#%"
 WINDOW = 64 << 10  # bytes per listing read: small records share one request
@@ -454,7 +454,7 @@ class Caffe2Codec(Codec):
 
     name = "caffe2"
     suffixes = (".minidb",)
-    priority = 60  # content sniffing only: after codecs with real magic numbers
+    priority = CodecTier.LOOSE
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         return filename.lower().endswith(self.suffixes) or sniff(head)

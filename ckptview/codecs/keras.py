@@ -33,7 +33,7 @@ from ..kinds import guess_kind
 from ..model import Span, VarInfo
 from . import _h5worker as wire
 from ._zip import STORED, Seen, locate, read_directory
-from .base import Codec
+from .base import Codec, CodecTier
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -193,7 +193,7 @@ class KerasCodec(Codec):
 
     name = "keras"
     suffixes = (".keras", ".weights.h5", ".h5", ".hdf5")
-    priority = 60
+    priority = CodecTier.LOOSE
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         name = filename.lower()

@@ -20,7 +20,7 @@ from ..io import Blob, TruncatedError
 from ..model import Span, VarInfo
 from ._zip import DEFLATED, STORED, ZipEntry, locate, read_directory
 from ._zip import read as zip_read
-from .base import Codec
+from .base import Codec, CodecTier
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER = 1 << 20  # numpy itself refuses headers over 10 000 bytes unless told otherwise
@@ -118,7 +118,8 @@ class NpyCodec(Codec):
     name = "npy"
     suffixes = (".npy",)
     magic = (MAGIC,)
-    priority = 40
+    save_suffixes = suffixes
+    priority = CodecTier.FORMAT
 
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
         if blob.size == 0:
@@ -150,7 +151,8 @@ class NpzCodec(Codec):
 
     name = "npz"
     suffixes = (".npz",)
-    priority = 40
+    save_suffixes = suffixes
+    priority = CodecTier.FORMAT
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         if filename.lower().endswith(self.suffixes):

@@ -21,8 +21,8 @@ import numpy as np
 
 from ..dtypes import _ML_NAMES, dtype_name, itemsize, np_dtype
 from ..io import Blob, Storage
-from ..model import VarInfo
-from .base import Codec
+from ..model import HintsLike, OrbaxHints, VarInfo
+from .base import Codec, CodecTier
 
 MAX_JSON_BYTES = 256 << 20
 MAX_NODE_BYTES = 64 << 20
@@ -337,14 +337,14 @@ class OrbaxCodec(Codec):
     """One Orbax pytree item directory (``_METADATA`` + zarr arrays, OCDBT or plain)."""
 
     name = "orbax"
-    priority = 40
+    priority = CodecTier.FORMAT
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         return False  # item directories are handed over by the orbax layout
 
-    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+    def list_variables(self, blob: Blob, hints: HintsLike) -> list[VarInfo]:
         storage, root = blob.storage, blob.path.rstrip("/")
-        sizes: dict[str, int] = dict(hints.get("files") or {})
+        sizes: dict[str, int] = dict(OrbaxHints.of(hints).files or {})
         if not sizes:
             for path, inf in storage.fs.find(root, detail=True).items():
                 sizes[path[len(root) + 1 :]] = int(inf.get("size") or 0)
@@ -432,14 +432,14 @@ class OrbaxJsonCodec(Codec):
     """A JSON item file (``JsonSave``: ``<item>/metadata``): one object variable, the document."""
 
     name = "orbax-json"
-    priority = 40
+    priority = CodecTier.FORMAT
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         return False  # forced by the orbax layout
 
-    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+    def list_variables(self, blob: Blob, hints: HintsLike) -> list[VarInfo]:
         json.loads(read_small(blob.storage, blob.path, blob.size).decode("utf-8"))
-        return [VarInfo("", "object", (), blob.size, kind=hints.get("kind"))]
+        return [VarInfo("", "object", (), blob.size, kind=OrbaxHints.of(hints).kind)]
 
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
         doc = json.loads(read_small(blob.storage, blob.path, blob.size).decode("utf-8"))

@@ -18,8 +18,8 @@ import numpy as np
 from .. import protobuf as pb
 from ..io import HEAD_BLOCK, Blob, Storage, TruncatedError
 from ..kinds import guess_kind
-from ..model import Span, VarInfo
-from .base import Codec, PartialRead
+from ..model import HintsLike, PaddleHints, Span, VarInfo
+from .base import Codec, CodecTier, PartialRead
 
 #: VarType.Type code -> (ckptview dtype, on-disk numpy dtype or None when the name is enough)
 DTYPES: dict[int, tuple[str, str | None]] = {
@@ -407,7 +407,7 @@ class PaddleStreamCodec(Codec):
 
     name = "paddle"
     suffixes = (".pdiparams",)
-    priority = 40
+    priority = CodecTier.FORMAT
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         if filename == "__params__" or filename.lower().endswith(self.suffixes):
@@ -435,11 +435,12 @@ class PaddleStreamCodec(Codec):
         height = struct.unpack_from("<q", tail)[0]
         return at + end == blob.size and height >= 0 and bool(dims) and dims[0] == count
 
-    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+    def list_variables(self, blob: Blob, hints: HintsLike) -> list[VarInfo]:
+        hints = PaddleHints.of(hints)
         if blob.size == 0:
             raise FormatError("empty file (0 bytes)")
         r = _Reader(blob)
-        first = self._first_stream(r, hints.get("stream"))
+        first = self._first_stream(r, hints.stream)
         streams = [first]
         error = None
         while streams[-1].end < r.size:
@@ -449,7 +450,7 @@ class PaddleStreamCodec(Codec):
                 error = f"stream {len(streams)} at byte {streams[-1].end}: {e}"
                 break
         variables = [s.var for s in streams]
-        if len(variables) > 1 or hints.get("program") or hints.get("names"):
+        if len(variables) > 1 or hints.program or hints.names:
             self._name_combined(blob, variables, hints, error is not None)
         if error:
             raise PartialRead(variables, f"save_combine file cut or corrupt: {error}")
@@ -476,9 +477,9 @@ class PaddleStreamCodec(Codec):
             raise errors[0]
         raise FormatError(f"not a Paddle tensor stream: {errors[0]}")
 
-    def _name_combined(self, blob: Blob, variables: list[VarInfo], hints: dict, cut: bool):
-        names, source = hints.get("names"), "hint"
-        program = hints.get("program")
+    def _name_combined(self, blob: Blob, variables: list[VarInfo], hints: PaddleHints, cut: bool):
+        names, source = hints.names, "hint"
+        program = hints.program
         if not names and program:
             try:
                 names = program_param_names(blob, program, len(variables), cut)
@@ -653,7 +654,7 @@ class PaddleTextIntCodec(Codec):
     """
 
     name = "paddle-text-int"
-    priority = 900
+    priority = CodecTier.ASSIGNED
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         return False

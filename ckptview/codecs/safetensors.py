@@ -18,7 +18,7 @@ import numpy as np
 from ..dtypes import np_dtype
 from ..io import Blob
 from ..model import Span, VarInfo
-from .base import Codec, PartialRead
+from .base import Codec, CodecTier, PartialRead
 
 #: the reference parser refuses larger headers
 MAX_HEADER = 100 * 1024 * 1024
@@ -53,7 +53,8 @@ class SafetensorsCodec(Codec):
 
     name = "safetensors"
     suffixes = (".safetensors",)
-    priority = 40
+    save_suffixes = suffixes
+    priority = CodecTier.FORMAT
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         if filename.lower().endswith(self.suffixes):

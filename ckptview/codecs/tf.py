@@ -17,14 +17,14 @@ from .. import protobuf as pb
 from ..dtypes import np_dtype
 from ..io import Blob, Storage
 from ..kinds import guess_kind
-from ..model import Span, VarInfo
+from ..model import HintsLike, Span, TFHints, VarInfo
 from ._sstable import (  # noqa: F401 - FormatError, crc32c, TABLE_MAGIC: also public here
     TABLE_MAGIC,
     FormatError,
     TableFile,
     crc32c,
 )
-from .base import Codec
+from .base import Codec, CodecTier
 
 OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 OBJECT_GRAPH_LIMIT = 16 << 20
@@ -295,13 +295,14 @@ class TFBundleCodec(Codec):
 
     name = "tf"
     suffixes = (".index",)
-    priority = 40
+    priority = CodecTier.FORMAT
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         # the first data-block entry is the header: shared=0, non_shared=0 (key "")
         return filename.lower().endswith(".index") and head[:2] == b"\x00\x00"
 
-    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+    def list_variables(self, blob: Blob, hints: HintsLike) -> list[VarInfo]:
+        hints = TFHints.of(hints)
         table = TableFile(blob)
         num_shards, big_endian = 1, False
         entries: list[tuple[str, BundleEntry | Exception]] = []
@@ -333,7 +334,7 @@ class TFBundleCodec(Codec):
         out += [
             ctx.var(f"{n}/.slice{list(e)}", s) for (n, e), s in slices.items() if (n, e) not in used
         ]
-        if hints.get("object_graph"):
+        if hints.object_graph:
             _add_object_graph(blob.storage, out)
         return out
 
@@ -350,9 +351,9 @@ class TFBundleCodec(Codec):
 class _Context:
     """Turns entries into VarInfos, checking each against its data file's size."""
 
-    def __init__(self, blob: Blob, hints: dict, num_shards: int, big_endian: bool):
+    def __init__(self, blob: Blob, hints: TFHints, num_shards: int, big_endian: bool):
         self.blob = blob
-        self.sizes: dict = dict(hints.get("data_sizes") or {})
+        self.sizes: dict = dict(hints.data_sizes or {})
         self.num_shards = num_shards
         self.big_endian = big_endian
         self.used_slices: set = set()

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import np_dtype
+from ..formats.pickle import Record, TorchDtype, load_pickle
+from ..formats.torch_pickle import open_torch
 from ..io import Blob, Storage, TruncatedError
 from ..model import VarInfo
-from ..unpickle import Record, TorchDtype, load_pickle
-from .base import Codec
+from .base import Codec, CodecTier
 
 MAX_METADATA = 1 << 30
 DCP = "torch.distributed.checkpoint.metadata."
@@ -41,7 +42,7 @@ class TorchDCPCodec(Codec):
     """A DCP checkpoint, opened through its ``.metadata`` (or ``__<rank>.metadata``) file."""
 
     name = "torch_dcp"
-    priority = 45
+    priority = CodecTier.CONTAINER
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         named = filename == ".metadata" or (
@@ -222,12 +223,8 @@ def _chunk_values(storage: Storage, root: str, chunk: Chunk, dt: np.dtype) -> np
 
 def _object_value(blob: Blob) -> np.ndarray:
     """A torch.save'd non-tensor value (int, float, str, list …) as a numpy array."""
-    if blob.head(4) == b"PK\x03\x04":
-        from .torch import open_torch
-
-        value = open_torch(blob).obj  # data.pkl with its local header: one ranged read
-    else:
-        value = load_pickle(blob)
+    # a zip: data.pkl with its local header in one ranged read; else a bare pickle
+    value = open_torch(blob).obj if blob.head(4) == b"PK\x03\x04" else load_pickle(blob)
     if isinstance(value, (bool, int, float, complex)) or (
         isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float)) for v in value)
     ):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..model import STAGE_DIR, Op, SerialInfo, TreeScan
+from ..registry import LayoutTier
 from ..tree import Tree
 
 
@@ -17,12 +18,15 @@ class Layout:
 
     ``guess_can_open`` looks at names in the (already listed) tree only. ``scan`` may read
     small marker/state files, never tensor data. Later capabilities (restore, retention) add
-    methods here; a layout that lacks them says so with NotImplementedError.
+    methods here; a layout that lacks them says so with NotImplementedError. A class joins
+    the registry by being defined in a ``ckptview.layouts`` module, through the
+    ``ckptview.layouts`` entry-point group, or with :func:`ckptview.registry.register`.
     """
 
     name: ClassVar[str] = ""
-    #: detection order: lower is tried first (specific layouts before generic ones)
-    priority: ClassVar[int] = 50
+    #: detection order: lower is tried first (specific layouts before generic ones), equal
+    #: priorities by name
+    priority: ClassVar[int] = LayoutTier.DEFAULT
 
     def guess_can_open(self, tree: Tree) -> bool:
         raise NotImplementedError
@@ -83,7 +87,7 @@ class Layout:
     ) -> list[Op]:
         """Copy a serial (renumbered ``new`` when given), commit markers last; a directory
         serial goes through ``<dir><staging>`` (default ``staging_for(tree)``; "" for none)."""
-        staging = self.staging_for(tree) if staging is None else staging
+        staging = (self.staging_for(tree) if staging is None else staging) or ""
         files = self.serial_files(tree, info)
         markers = [m for m in self.commit_markers(tree, info) if m in files]
         dest = (lambda r: self.relocate(tree, info, r, new)) if new is not None else (lambda r: r)
@@ -181,6 +185,64 @@ def trailing_int(name: str) -> int | None:
     """The last run of digits in a name (``checkpoint-300`` -> 300), or None."""
     found = _NUM.findall(name)
     return int(found[-1]) if found else None
+
+
+# -- serial numbers in file and directory names (numbered files, DCP step dirs) -----------
+STEP_WORDS = {"step", "steps", "iter", "iters", "iteration", "iterations", "it", "update",
+              "updates", "batch", "gs"}  # fmt: skip
+GENERIC_WORDS = {"ckpt", "checkpoint", "checkpoints", "snapshot", "save"}
+SAVE_WORDS = GENERIC_WORDS | {"model", "weights", "state"}
+DROP_WORDS = STEP_WORDS | GENERIC_WORDS | {"epoch", "epochs", "ep"}  # not kept in a label
+EPOCH_WORDS = {"epoch", "epochs", "ep"}
+GLUED = re.compile(r"^([a-z]+?)(\d+)$")
+SHARD_RUN = re.compile(r"\d+-of-\d+", re.I)  # a shard number, not a serial
+SEP = re.compile(r"[_\-.=\s]+")
+
+
+@dataclass
+class Parsed:
+    """What a file or dir name says: serial, step/epoch when named, and its template."""
+
+    serial: int
+    step: int | None
+    epoch: int | None
+    label: str  # the name without the serial's number (and its keyword)
+
+
+def parse_name(stem: str) -> Parsed | None:
+    """The serial a file stem (name without extension) names, or None."""
+    if SHARD_RUN.search(stem):
+        return None
+    parts = [p for p in SEP.split(stem.lower()) if p]
+    cands: list[tuple[int, str, int, int]] = []  # (rank, keyword, value, part index)
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            word = parts[i - 1] if i and parts[i - 1].isalpha() else ""
+            cands.append((_rank(word, bare=True), word, int(part), i))
+        elif (m := GLUED.match(part)) and m[1] in STEP_WORDS | SAVE_WORDS | EPOCH_WORDS:
+            cands.append((_rank(m[1]), m[1], int(m[2]), i))
+    if not cands:
+        return None
+    step = next((v for r, w, v, _ in cands if w in STEP_WORDS), None)
+    epoch = next((v for r, w, v, _ in cands if w in EPOCH_WORDS), None)
+    best = min(cands, key=lambda c: (c[0], -c[3]))
+    rank, word, value, index = best
+    label_parts = [
+        p
+        for j, p in enumerate(parts)
+        if j != index and not (j == index - 1 and p == word and word in DROP_WORDS)
+    ]
+    return Parsed(value, step, epoch, "_".join(label_parts))
+
+
+def _rank(word: str, bare: bool = False) -> int:
+    if word in STEP_WORDS:
+        return 0
+    if word in SAVE_WORDS:
+        return 1
+    if word in EPOCH_WORDS:
+        return 3
+    return 2 if bare else 4
 
 
 # -- management ops: restore and retention ----------------------------------------------

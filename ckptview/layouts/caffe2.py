@@ -18,7 +18,7 @@ import weakref
 from ..codecs.caffe2 import sniff
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, LayoutTier
 
 _NAME = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
 MAX_SNIFFS = 3  # files sniffed per node before giving up on it
@@ -34,7 +34,7 @@ class Caffe2Layout(Layout):
     """MultiNodeCheckpointManager / CheckpointManager output with db_type minidb."""
 
     name = "caffe2"
-    priority = 60  # needs a peek at file heads: after layouts that decide on names alone
+    priority = LayoutTier.CONTENT
 
     def guess_can_open(self, tree: Tree) -> bool:
         return bool(self._nodes(tree, first_only=True))

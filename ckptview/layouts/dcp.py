@@ -4,57 +4,24 @@ A DCP dir is committed when ``.metadata`` exists: it is written as ``.metadata.t
 all data and renamed (specs/modern.md §2); with ``use_collectives=False`` every rank writes its
 own ``__<rank>.metadata``. The serial is the number in the dir name, the nodes are the ranks
 of the ``__<rank>_<n>.distcp`` files, and there is no latest pointer (largest complete serial).
+File naming: :mod:`ckptview.formats.torch_dcp_files`.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 
-from ..model import FileRef, SerialInfo, TreeScan
+from ..formats.torch_dcp_files import dcp_refs, is_dcp_dir, ranks
+from ..model import SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
-from .numbered import parse_name
-
-DATA = re.compile(r"^__(\d+)_(\d+)\.distcp$")
-RANK_META = re.compile(r"^__(\d+)\.metadata$")
-
-
-def is_dcp_dir(tree: Tree, rel: str) -> bool:
-    names = [posixpath.basename(f) for f in tree.files(under=rel, depth=1)]
-    return any(n in (".metadata", ".metadata.tmp") or DATA.match(n) or RANK_META.match(n)
-               for n in names)  # fmt: skip
-
-
-def dcp_refs(tree: Tree, rel: str, prefix: str = "", kind: str | None = None) -> list[FileRef]:
-    """The metadata file(s) of one DCP dir as FileRefs read by the ``torch_dcp`` codec."""
-    base = rel.rstrip("/") + "/" if rel else ""
-    if tree.exists(base + ".metadata"):
-        metas = [(base + ".metadata", "")]
-    else:
-        metas = []
-        for f in tree.files(under=rel, depth=1):
-            m = RANK_META.match(posixpath.basename(f))
-            if m:
-                metas.append((f, f"rank{m[1]}"))
-    return [FileRef(tree.abs(f), node=node, prefix=prefix, kind=kind, codec="torch_dcp",
-                    size=tree.size(f)) for f, node in metas]  # fmt: skip
-
-
-def ranks(tree: Tree, rel: str) -> tuple[str, ...]:
-    found = set()
-    for f in tree.files(under=rel, depth=1):
-        m = DATA.match(posixpath.basename(f)) or RANK_META.match(posixpath.basename(f))
-        if m:
-            found.add(int(m[1]))
-    return tuple(f"rank{r}" for r in sorted(found))
+from .base import Layout, LayoutTier, parse_name
 
 
 class DCPLayout(Layout):
     """Numbered DCP checkpoint dirs below the root (or the root itself being one)."""
 
     name = "dcp"
-    priority = 40
+    priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:
         if tree.single:

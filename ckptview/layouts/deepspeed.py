@@ -14,57 +14,20 @@ the resume point are otherwise ordinary serials a policy may keep or delete. ``l
 reports that tag's number as the framework's pick and ``attrs["latest_tag_missing"]``, and the
 catalog falls back to the newest loadable older tag. Files map to nodes by rank:
 ``mp_rank_XX_model_states.pt`` (node ``mpX`` when model-parallel), ``[bf16_]zero_pp_rank_D_
-mp_rank_XX_{optim,model}_states.pt`` (node ``rankD``), MoE ``expp_rank_E…`` / ``layer_L_expert_E…``.
+mp_rank_XX_{optim,model}_states.pt`` (node ``rankD``), MoE ``expp_rank_E…`` / ``layer_L_expert_E…``
+(:mod:`ckptview.formats.deepspeed_files`).
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 
+from ..formats.deepspeed_files import EXPERT, MODEL, ZERO, tag_refs
 from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, trailing_int
+from .base import Layout, LayoutTier, trailing_int
 
-MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-ZERO = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
-EXPP = re.compile(r"^expp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-EXPERT = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 POINTERS = ("latest", "latest_universal")
-
-
-def _classify(name: str, multi_mp: bool) -> tuple[str, str, str] | None:
-    """(node, prefix, kind) of a DeepSpeed file name, or None when it holds no states."""
-    mp = ""
-    if m := MODEL.match(name):
-        return (f"mp{int(m[1])}" if multi_mp else "", "", "model")
-    if m := ZERO.match(name):
-        mp = f"_mp{int(m[2])}" if multi_mp else ""
-        kind = "optimizer" if m[3] == "optim" else "model"
-        return (f"rank{int(m[1])}{mp}", "", kind)
-    if m := EXPP.match(name):
-        mp = f"_mp{int(m[2])}" if multi_mp else ""
-        return (f"ep{int(m[1])}{mp}", "", "optimizer")
-    if m := EXPERT.match(name):
-        node = f"mp{int(m[3])}" if multi_mp else ""
-        return (node, f"layer_{int(m[1])}_expert_{int(m[2])}", "model")
-    return None
-
-
-def tag_refs(tree: Tree, rel: str) -> list[FileRef]:
-    """FileRefs of the per-rank state files of one tag dir."""
-    names = [posixpath.basename(f) for f in tree.files(under=rel, depth=1)]
-    mps = {int(m[1]) for n in names if (m := MODEL.match(n))}
-    mps |= {int(m[2]) for n in names if (m := ZERO.match(n))}
-    refs = []
-    for name in sorted(names):
-        found = _classify(name, multi_mp=len(mps) > 1)
-        if found:
-            node, prefix, kind = found
-            f = f"{rel}/{name}" if rel else name
-            refs.append(FileRef(tree.abs(f), node=node, prefix=prefix, kind=kind, codec="torch",
-                                size=tree.size(f)))  # fmt: skip
-    return refs
 
 
 def _dp_ranks(refs: list[FileRef]) -> dict[int, set[int]]:
@@ -110,7 +73,7 @@ class DeepSpeedLayout(Layout):
     """``save_dir/{latest, global_stepN/…}`` trees from ``engine.save_checkpoint``."""
 
     name = "deepspeed"
-    priority = 40
+    priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:
         if tree.single:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, single_serial_refusal
+from .base import Layout, LayoutTier, single_serial_refusal
 
 #: files that never hold variables
 SKIP_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".lock", ".log", ".csv", ".py", ".sh")
@@ -19,7 +19,7 @@ class FilesLayout(Layout):
     """
 
     name = "files"
-    priority = 1000
+    priority = LayoutTier.FALLBACK
 
     def guess_can_open(self, tree: Tree) -> bool:
         return bool(self._candidates(tree))

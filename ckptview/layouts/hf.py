@@ -11,20 +11,23 @@ restricted unpickler, transformers not needed) go to ``TreeScan.attrs["training_
 
 from __future__ import annotations
 
-import json
 import math
 import posixpath
 import re
 from enum import Enum
 from typing import Any
 
+from ..formats.deepspeed_files import tag_refs
+from ..formats.hf_files import WEIGHT_EXTS, read_json, weight_refs
+from ..formats.torch_dcp_files import dcp_refs
+from ..formats.torch_pickle import open_torch
+from ..io import Blob
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, single_serial_refusal
+from .base import Layout, LayoutTier, single_serial_refusal
 
 CKPT_DIR = re.compile(r"^checkpoint-(\d+)$")
 TMP_DIR = re.compile(r"^tmp-checkpoint-(\d+)$")
-SHARD = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.(?P<ext>safetensors|bin)$")
 RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 FSDP_DIR = re.compile(r"^(pytorch_model_fsdp|optimizer)_(\d+)$")
 TORCH_FILES = {
@@ -35,70 +38,11 @@ TORCH_FILES = {
     "scaler.pt": ("scaler", "trainer"),
     "training_args.bin": ("training_args", "trainer"),
 }
-WEIGHT_STEMS = {"model": "model", "pytorch_model": "model", "adapter_model": "adapter"}
-WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth")
 SIMPLE = (str, int, float, bool, type(None))
-
-
-def weight_refs(
-    tree: Tree, rel_dir: str, meta: dict | None = None
-) -> tuple[list[FileRef], list[str]]:
-    """Model weight files of a directory (single or sharded) and the index files consumed.
-
-    The indexes' ``metadata`` is merged into ``meta`` when given.
-    Shards listed by a ``*.index.json`` get the logical prefix of their stem (``model``), so
-    names carry no shard prefix; other weight files get the prefix of their stem.
-    """
-    prefix = rel_dir.rstrip("/") + "/" if rel_dir else ""
-    names = [posixpath.basename(f) for f in tree.files(under=rel_dir, depth=1)]
-    refs: list[FileRef] = []
-    used: list[str] = []
-    for name in names:
-        if not name.endswith(".index.json"):
-            continue
-        weights = name[: -len(".index.json")]
-        stem = weights.rsplit(".", 1)[0]
-        index = read_json(tree, prefix + name)
-        shards = _index_shards(index)
-        if shards is None:
-            continue
-        if meta is not None and isinstance(index.get("metadata"), dict):
-            meta.update(index["metadata"])
-        used.append(prefix + name)
-        for shard in shards:
-            if tree.exists(prefix + shard):
-                refs.append(_weight_ref(tree, prefix + shard, WEIGHT_STEMS.get(stem, stem)))
-    claimed = {posixpath.basename(r.path) for r in refs}
-    for name in names:
-        if name in claimed or not name.endswith(WEIGHT_EXTS):
-            continue
-        stem = name.rsplit(".", 1)[0]
-        m = SHARD.match(name)
-        if m:  # a shard without (or missing from) its index: still logical names
-            stem = m["stem"]
-        if stem in WEIGHT_STEMS or m:
-            refs.append(_weight_ref(tree, prefix + name, WEIGHT_STEMS.get(stem, stem)))
-    return refs, used
-
-
-def _weight_ref(tree: Tree, rel: str, prefix: str) -> FileRef:
-    codec = "safetensors" if rel.endswith(".safetensors") else "torch"
-    return FileRef(tree.abs(rel), prefix=prefix, kind="model", codec=codec, size=tree.size(rel))
-
-
-def _index_shards(index: Any) -> list[str] | None:
-    """Shard file names of a parsed ``*.index.json`` (weight_map values), or None."""
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict):
-        return None
-    return sorted({v for v in weight_map.values() if isinstance(v, str) and "/" not in v})
 
 
 def checkpoint_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]:
     """Every variable-holding file of one Trainer checkpoint dir, and the other files."""
-    from .dcp import dcp_refs
-    from .deepspeed import tag_refs
-
     prefix = rel_dir.rstrip("/") + "/" if rel_dir else ""
     refs, used = weight_refs(tree, rel_dir)
     taken = {tree.rel(r.path) for r in refs} | set(used)
@@ -135,21 +79,11 @@ def checkpoint_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]
     return refs, others
 
 
-def read_json(tree: Tree, rel: str) -> Any:
-    """A small JSON file, or None when missing or unparsable."""
-    if not tree.exists(rel):
-        return None
-    try:
-        return json.loads(tree.read_text(rel, limit=256 << 20))
-    except ValueError:
-        return None
-
-
 class HFTrainerLayout(Layout):
     """``output_dir/checkpoint-N/`` trees written by ``transformers.Trainer``."""
 
     name = "hf-trainer"
-    priority = 30
+    priority = LayoutTier.FRAMEWORK
 
     def guess_can_open(self, tree: Tree) -> bool:
         if tree.single:
@@ -305,18 +239,16 @@ def plain(value: Any) -> Any:
     return _SKIP
 
 
-def load_torch_pickle(blob) -> Any:
-    """The object of a torch zip file's ``data.pkl`` (storages stay unread references)."""
-    from .lightning import torch_object
-
-    return torch_object(blob)
+def load_torch_pickle(blob: Blob) -> Any:
+    """The object of a torch file's pickle (storages stay unread references)."""
+    return open_torch(blob, views_ok=True).obj
 
 
 class SafetensorsShardedLayout(Layout):
     """A bare sharded model dir: ``*.safetensors.index.json`` + its shards, one serial 0."""
 
     name = "safetensors-sharded"
-    priority = 450
+    priority = LayoutTier.FAMILY
 
     def guess_can_open(self, tree: Tree) -> bool:
         return not tree.single and any(

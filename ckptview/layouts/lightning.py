@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs.torch import ZipRecord, open_torch
 from ..dtypes import np_dtype
+from ..formats.pickle import Record, StorageRef, TensorRef
+from ..formats.torch_pickle import ZipRecord, open_torch
 from ..io import Blob
 from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
-from ..unpickle import Record, StorageRef, TensorRef
-from .base import Layout
+from .base import Layout, LayoutTier
 
 LAST = re.compile(r"^last(?:-v(\d+))?\.ckpt$")
 STEP = re.compile(r"(?<![A-Za-z0-9_])step=(\d+)")
@@ -70,11 +70,6 @@ class TorchPeek:
         return float(np.frombuffer(raw, dtype=dt)[0])
 
 
-def torch_object(blob: Blob) -> Any:
-    """The object a torch file holds, tensors as unread references."""
-    return TorchPeek(blob).obj
-
-
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -84,7 +79,7 @@ class LightningLayout(Layout):
     """``ModelCheckpoint`` output (``…/checkpoints/*.ckpt``), anywhere below the root."""
 
     name = "lightning"
-    priority = 40
+    priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:
         for rel in self._ckpts(tree):
@@ -311,4 +306,4 @@ def _yaml(text: str) -> dict | None:
         return out or None
 
 
-__all__ = ["LightningLayout", "Record", "TorchPeek", "torch_object"]
+__all__ = ["LightningLayout", "Record", "TorchPeek"]

@@ -15,80 +15,24 @@ makes no other serial incomplete).
 ckptview's own changes never leave such a serial under its final name: copies are staged
 under ``.ckptview/tmp/`` and renamed into place last (a numbered dir in one rename), and a
 deleted numbered dir is first renamed there (``Layout.stage_in_meta``).
+Which files are checkpoints: the endings codecs declare as ``save_suffixes``
+(:func:`ckptview.registry.save_suffixes`); names parse with :func:`.base.parse_name`.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 from collections import Counter
-from dataclasses import dataclass
 
+from .. import registry
+from ..formats.hf_files import weight_refs
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
-from .hf import weight_refs
-
-SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".npz", ".npy", ".safetensors", ".pkl")
-STEP_WORDS = {"step", "steps", "iter", "iters", "iteration", "iterations", "it", "update",
-              "updates", "batch", "gs"}  # fmt: skip
-GENERIC_WORDS = {"ckpt", "checkpoint", "checkpoints", "snapshot", "save"}
-SAVE_WORDS = GENERIC_WORDS | {"model", "weights", "state"}
-DROP_WORDS = STEP_WORDS | GENERIC_WORDS | {"epoch", "epochs", "ep"}  # not kept in a label
-EPOCH_WORDS = {"epoch", "epochs", "ep"}
-GLUED = re.compile(r"^([a-z]+?)(\d+)$")
-SHARD = re.compile(r"\d+-of-\d+", re.I)
-SEP = re.compile(r"[_\-.=\s]+")
+from .base import Layout, LayoutTier, Parsed, parse_name
 
 
-@dataclass
-class Parsed:
-    """What a file or dir name says: serial, step/epoch when named, and its template."""
-
-    serial: int
-    step: int | None
-    epoch: int | None
-    label: str  # the name without the serial's number (and its keyword)
-
-
-def parse_name(stem: str) -> Parsed | None:
-    """The serial a file stem (name without extension) names, or None."""
-    if SHARD.search(stem):
-        return None
-    parts = [p for p in SEP.split(stem.lower()) if p]
-    cands: list[tuple[int, str, int, int]] = []  # (rank, keyword, value, part index)
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            word = parts[i - 1] if i and parts[i - 1].isalpha() else ""
-            cands.append((_rank(word, bare=True), word, int(part), i))
-        elif (m := GLUED.match(part)) and m[1] in STEP_WORDS | SAVE_WORDS | EPOCH_WORDS:
-            cands.append((_rank(m[1]), m[1], int(m[2]), i))
-    if not cands:
-        return None
-    step = next((v for r, w, v, _ in cands if w in STEP_WORDS), None)
-    epoch = next((v for r, w, v, _ in cands if w in EPOCH_WORDS), None)
-    best = min(cands, key=lambda c: (c[0], -c[3]))
-    rank, word, value, index = best
-    label_parts = [
-        p
-        for j, p in enumerate(parts)
-        if j != index and not (j == index - 1 and p == word and word in DROP_WORDS)
-    ]
-    return Parsed(value, step, epoch, "_".join(label_parts))
-
-
-def _rank(word: str, bare: bool = False) -> int:
-    if word in STEP_WORDS:
-        return 0
-    if word in SAVE_WORDS:
-        return 1
-    if word in EPOCH_WORDS:
-        return 3
-    return 2 if bare else 4
-
-
-def _stem(name: str) -> str:
-    for suffix in SUFFIXES:
+def _stem(name: str, suffixes: tuple[str, ...]) -> str:
+    for suffix in suffixes:
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return name
@@ -98,25 +42,27 @@ class NumberedLayout(Layout):
     """A directory of numbered checkpoint files (or numbered dirs of checkpoint files)."""
 
     name = "numbered"
-    priority = 500
+    priority = LayoutTier.GENERIC
     stage_in_meta = True
 
     def guess_can_open(self, tree: Tree) -> bool:
         return bool(self._files(tree) or self._dirs(tree))
 
     def _files(self, tree: Tree) -> dict[str, Parsed]:
+        suffixes = registry.save_suffixes()
         out = {}
         for rel in tree.files(depth=1):
             name = posixpath.basename(rel)
-            if name.lower().endswith(SUFFIXES) and (p := parse_name(_stem(name))):
+            if name.lower().endswith(suffixes) and (p := parse_name(_stem(name, suffixes))):
                 out[rel] = p
         return out
 
     def _dirs(self, tree: Tree) -> dict[str, Parsed]:
+        suffixes = registry.save_suffixes()
         out = {}
         for rel in tree.dirs():
             p = parse_name(posixpath.basename(rel))
-            if p and any(f.lower().endswith(SUFFIXES) for f in tree.files(under=rel, depth=2)):
+            if p and any(f.lower().endswith(suffixes) for f in tree.files(under=rel, depth=2)):
                 out[rel] = p
         return out
 
@@ -127,6 +73,7 @@ class NumberedLayout(Layout):
         return self._scan_dirs(tree, self._dirs(tree))
 
     def _scan_files(self, tree: Tree, files: dict[str, Parsed]) -> TreeScan:
+        suffixes = registry.save_suffixes()
         by_serial: dict[int, list[str]] = {}
         for rel, p in files.items():
             by_serial.setdefault(p.serial, []).append(rel)
@@ -139,7 +86,9 @@ class NumberedLayout(Layout):
             for rel in sorted(rels):
                 p = files[rel]
                 prefix = (
-                    "" if not many or p.label == main else p.label or _stem(posixpath.basename(rel))
+                    ""
+                    if not many or p.label == main
+                    else p.label or _stem(posixpath.basename(rel), suffixes)
                 )
                 kind = _kind(p.label)
                 refs.append(FileRef(tree.abs(rel), prefix=prefix, kind=kind, size=tree.size(rel)))
@@ -154,7 +103,7 @@ class NumberedLayout(Layout):
                                               for s in serials])  # fmt: skip
         numbered = set(files)
         loose = [
-            f for f in tree.files(depth=1) if f not in numbered and f.lower().endswith(SUFFIXES)
+            f for f in tree.files(depth=1) if f not in numbered and f.lower().endswith(suffixes)
         ]
         scan = TreeScan(serials)
         if loose:
@@ -162,6 +111,7 @@ class NumberedLayout(Layout):
         return scan
 
     def _scan_dirs(self, tree: Tree, dirs: dict[str, Parsed]) -> TreeScan:
+        suffixes = registry.save_suffixes()
         serials = []
         seen: dict[int, str] = {}
         for rel, p in sorted(dirs.items(), key=lambda kv: kv[1].serial):
@@ -170,11 +120,11 @@ class NumberedLayout(Layout):
             seen[p.serial] = rel
             refs, used = weight_refs(tree, rel)
             taken = {tree.rel(r.path) for r in refs} | set(used)
-            data = [f for f in tree.files(under=rel, depth=2) if f.lower().endswith(SUFFIXES)]
+            data = [f for f in tree.files(under=rel, depth=2) if f.lower().endswith(suffixes)]
             for f in data:
                 if f in taken:
                     continue
-                stem = _stem(f[len(rel) + 1 :])
+                stem = _stem(f[len(rel) + 1 :], suffixes)
                 refs.append(FileRef(tree.abs(f), prefix=stem, kind=_kind(stem), size=tree.size(f)))
             if len(refs) == 1 and not refs[0].prefix.startswith("model"):
                 refs[0].prefix = ""
@@ -206,7 +156,7 @@ def _main_label(labels: Counter) -> str | None:
     return None
 
 
-def _one(values: set[int]) -> int | None:
+def _one(values: set[int | None]) -> int | None:
     return next(iter(values)) if len(values) == 1 else None
 
 

@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import pandas as pd
 
-from ..model import FileRef, SerialInfo, TreeScan
+from ..model import FileRef, OrbaxHints, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, LayoutTier
 
 STEP_RE = re.compile(r"^(?P<prefix>.*?)_?(?P<step>\d+)(?P<tmp>\.orbax-checkpoint-tmp(?:-\d+)?)?$")
 TMP_RE = re.compile(r"\.orbax-checkpoint-tmp(?:-\d+)?$")
@@ -32,7 +32,7 @@ class OrbaxLayout(Layout):
     """Orbax (JAX) step directories holding pytree (zarr/OCDBT) and JSON items."""
 
     name = "orbax"
-    priority = 30
+    priority = LayoutTier.FRAMEWORK
     #: ``AtomicRenameTemporaryPath``: a step is written to ``<step>.orbax-checkpoint-tmp`` and
     #: renamed (the commit); deletion renames it back first, so Orbax ignores a half-deleted step
     staging_suffix = ".orbax-checkpoint-tmp"
@@ -40,7 +40,7 @@ class OrbaxLayout(Layout):
     def guess_can_open(self, tree: Tree) -> bool:
         return bool(self._step_dirs(tree))
 
-    def _step_dirs(self, tree: Tree) -> dict[str, re.Match]:
+    def _step_dirs(self, tree: Tree) -> dict[str, re.Match | None]:
         """rel path of each step directory ('' when the root is one) -> its name match."""
         below = _children_index(tree)
         found = {}
@@ -126,7 +126,7 @@ class OrbaxLayout(Layout):
                 prefix=name,
                 codec="orbax",
                 size=sum(sizes.values()),
-                hints={"files": sizes},
+                hints=OrbaxHints(files=sizes),
             )
             info.files.append(ref)
             return

@@ -10,9 +10,9 @@ import time
 from datetime import datetime, timezone
 
 from ..codecs.paddle import paddle_kind
-from ..model import FileRef, SerialInfo, TreeScan
+from ..model import FileRef, PaddleHints, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, single_serial_refusal
+from .base import Layout, LayoutTier, single_serial_refusal
 
 SUCCESS = "_SUCCESS"
 MODEL_DIR = "__model__"
@@ -69,7 +69,7 @@ class PaddleFluidLayout(Layout):
     """
 
     name = "paddle-fluid"
-    priority = 20
+    priority = LayoutTier.SPECIFIC
 
     def _serial_dirs(self, tree: Tree) -> dict[int, str]:
         out = {}
@@ -145,7 +145,7 @@ class PaddleFluidLayout(Layout):
                 node = f"pserver_{int(pserver)}"
                 pservers.add(int(pserver))
                 files.append(_stream_ref(tree, f, node=node, prefix=table, kind="lookup_table",
-                                         hints={"stream": "selected_rows"}))  # fmt: skip
+                                         hints=PaddleHints(stream="selected_rows")))  # fmt: skip
             else:
                 others.append(tree.abs(f))
         for d in tree.dirs(rel):
@@ -203,7 +203,7 @@ class PaddleIncubateLayout(Layout):
     """
 
     name = "paddle-incubate"
-    priority = 20
+    priority = LayoutTier.SPECIFIC
     #: ``save_checkpoint`` writes ``__paddle_checkpoint__.N.tmp`` and renames it (the commit);
     #: deletion renames a committed dir back first, so a half-deleted one is never listed
     staging_suffix = ".tmp"
@@ -280,7 +280,7 @@ class PaddleStaticLayout(Layout):
     PIR ``*.json``), and ``paddle.static.save`` pickles beside their program."""
 
     name = "paddle-static"
-    priority = 40
+    priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:
         names = [posixpath.basename(f) for f in tree.files(depth=1)]
@@ -312,11 +312,11 @@ class PaddleStaticLayout(Layout):
         for f in combined:
             program = _program_for(tree, f, programs)
             program_path = tree.abs(program) if program else _sibling_program(tree, f)
-            hints = {"program": program_path} if program_path else {}
+            hints = PaddleHints(program=program_path) if program_path else None
             files.append(_stream_ref(tree, f, prefix=f if mixed else "", hints=hints))
         for f in pickles:  # codec=None: the pickle codec claims them by suffix
             program = _program_for(tree, f, programs, exact=True)
-            hints = {"program": tree.abs(program)} if program else {}
+            hints = PaddleHints(program=tree.abs(program)) if program else None
             ref = FileRef(tree.abs(f), prefix=f if mixed else "", size=tree.size(f), hints=hints)
             files.append(ref)
         files += [_var_ref(tree, f, "") for f in per_var]

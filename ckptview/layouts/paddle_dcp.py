@@ -13,10 +13,10 @@ import posixpath
 import re
 import struct
 
-from ..codecs.paddle_dcp import DcpMetadata, metadata_hints, read_metadata
+from ..formats.paddle_dcp_meta import DcpMetadata, metadata_hints, read_metadata
 from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, LayoutTier
 
 SHARD = re.compile(r"^(\d+)_(\d+)\.(distcp|safetensors)$")
 METADATA = re.compile(r"^(\d+)\.metadata$")
@@ -26,7 +26,7 @@ class PaddleDcpLayout(Layout):
     """``{id}.metadata`` + ``{rank}_{id}.distcp`` files directly in the root."""
 
     name = "paddle-dcp"
-    priority = 30
+    priority = LayoutTier.FRAMEWORK
 
     def guess_can_open(self, tree: Tree) -> bool:
         names = [posixpath.basename(f) for f in tree.files(depth=1)]
@@ -66,7 +66,7 @@ class PaddleDcpLayout(Layout):
         files = []
         for rank, rel in sorted(shards):
             base = posixpath.basename(rel)
-            hints = metadata_hints(meta, base) if meta is not None else {}
+            hints = metadata_hints(meta, base) if meta is not None else None
             codec = "paddle-dcp" if base.endswith(".distcp") else None
             files.append(FileRef(tree.abs(rel), node=f"rank{rank}", codec=codec, hints=hints,
                                  size=tree.size(rel)))  # fmt: skip

@@ -14,9 +14,9 @@ import re
 import time
 from datetime import datetime, timezone
 
-from ..model import FileRef, Op, SerialInfo, TreeScan
+from ..model import FileRef, Op, SerialInfo, TFHints, TreeScan
 from ..tree import Tree
-from .base import Layout
+from .base import Layout, LayoutTier
 
 _DATA = re.compile(r"^(?P<prefix>.+)\.data-(?P<shard>\d{5,})-of-(?P<count>\d{5,})$")
 _TEMP = re.compile(r"^(?P<prefix>.+?)\.(index|data-\d+-of-\d+).*tempstate.*$")
@@ -97,7 +97,7 @@ class TFLayout(Layout):
     """Serials are bundle prefixes ``<name>-<N>``; the state file decides the latest."""
 
     name = "tf"
-    priority = 30
+    priority = LayoutTier.FRAMEWORK
 
     def guess_can_open(self, tree: Tree) -> bool:
         if tree.single:
@@ -151,7 +151,7 @@ class TFLayout(Layout):
         for serial, group in sorted(by_serial.items()):
             serials.append(self._serial(tree, serial, group, tracked, stamps))
         latest = self._latest(serials, by_serial, pointer) if state else None
-        attrs = {}
+        attrs: dict = {}
         if state:
             attrs["state_file"] = tree.url(STATE_FILE)
             attrs["model_checkpoint_path"] = pointer
@@ -170,7 +170,7 @@ class TFLayout(Layout):
                         tree.abs(p.index),
                         prefix=posixpath.basename(p.prefix) if many else "",
                         codec="tf",
-                        hints={"data_sizes": data_sizes, "object_graph": True},
+                        hints=TFHints(data_sizes=data_sizes, object_graph=True),
                         size=tree.size(p.index),
                     )
                 )

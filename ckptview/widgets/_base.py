@@ -169,7 +169,7 @@ def changed_on_storage(cat: cv.Catalog) -> bool:
     One listing of the tree; no file is opened. A one-file tree never changes here.
     """
     tree = cat.tree
-    if tree.single is not None or "entries" not in tree.__dict__:
+    if tree.single is not None or not tree.listed:
         return False  # one file, or not listed yet (the next access lists it anyway)
     try:
         cat.storage.fs.invalidate_cache(tree.root)

@@ -7,6 +7,9 @@ and of ``ckptview serve``. Only the given trees and trees below them can be open
 
 from __future__ import annotations
 
+import argparse
+import os
+
 import panel as pn
 import param
 
@@ -193,8 +196,6 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
 
 
 def _parser():
-    import argparse
-
     p = argparse.ArgumentParser(prog="ckptview_app")
     p.add_argument("urls", nargs="*")
     p.add_argument("--allow-write", action="store_true")
@@ -216,8 +217,6 @@ def parse_args(argv: list[str]) -> tuple[list[str], bool]:
 
 def poll_seconds(argv: list[str]) -> float:
     """``--poll SECONDS``, else ``$CKPTVIEW_POLL_SECONDS``, else 5 (0 turns polling off)."""
-    import os
-
     value = _parser().parse_args(argv).poll
     if value is None:
         try:

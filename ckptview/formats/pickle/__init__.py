@@ -2,12 +2,12 @@
 
 A small pickle VM of our own (protocols 0-5). Nothing in a pickle is ever executed: every
 GLOBAL resolves through an allowlist to an inert stand-in; anything else raises
-:class:`RestrictedUnpicklingError` naming the refused global. The VM reads from bytes or from a
-:class:`ckptview.io.Blob` through a small buffered reader; payloads of BINBYTES/BINBYTES8/
-BYTEARRAY8/BINSTRING (and long BINUNICODE strings) at or above ``lazy_min`` bytes are recorded as
-:class:`LazyBytes` file ranges instead of being read, so a catalog scan of a pickle holding big
-numpy arrays reads only its small structure. No length field is trusted: every length is
-checked against the bytes left before anything is allocated or read.
+:class:`RestrictedUnpicklingError` naming the refused global. The VM reads from bytes or from
+a :class:`ckptview.io.Blob` through a growing window (:mod:`.source`); payloads of BINBYTES/
+BINBYTES8/BYTEARRAY8/BINSTRING (and long BINUNICODE strings) at or above ``lazy_min`` bytes are
+recorded as :class:`LazyBytes` file ranges instead of being read, so a catalog scan of a pickle
+holding big numpy arrays reads only its small structure. No length field is trusted: every
+length is checked against the bytes left before anything is allocated or read.
 
 Allowlist (module.qualname -> stand-in):
 
@@ -16,7 +16,8 @@ Allowlist (module.qualname -> stand-in):
   dtype, ``numpy.ndarray`` (marker), ``numpy.dtype`` -> :class:`DtypeRef`.
 * ``_codecs.encode`` (latin1/utf-8 only), ``collections.OrderedDict`` -> dict,
   ``builtins.{tuple,list,dict,set,frozenset,slice,complex,bytes,bytearray,object}`` (data
-  only: ``bytes(n)``/``bytearray(n)`` with an int is refused), ``copyreg._reconstructor`` -> :class:`Record`.
+  only: ``bytes(n)``/``bytearray(n)`` with an int is refused), ``copyreg._reconstructor`` ->
+  :class:`Record`.
 * ``builtins.eval`` only in Paddle's tensor form ``eval('data', {'data': array})``: the dict
   entry is returned, nothing is evaluated.
 * torch: ``torch._utils._rebuild_tensor``/``_v2``/``_v3``, ``_rebuild_parameter``,
@@ -34,6 +35,10 @@ Allowlist (module.qualname -> stand-in):
 
 ``allow`` adds entries: a mapping ``{qualname: callable}``, or names (``"pkg.mod.Cls"``) /
 prefixes (``"pkg."``) that become Records.
+
+Modules: :mod:`.standins` (the inert objects), :mod:`.allowlist` and :mod:`.torch_globals`
+(what each allowed global becomes), :mod:`.ops_data` and :mod:`.ops_objects` (the opcode
+handlers), :mod:`.vm` (the one dispatch table and its loop), :mod:`.source` (the bytes).
 """
 
 from __future__ import annotations
@@ -41,26 +46,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ._pickle_globals import (
-    ALLOWED,
-    RECORD_NAMES,
-    RECORD_PREFIXES,
+from ...io import Blob
+from .allowlist import ALLOWED, RECORD_NAMES, RECORD_PREFIXES, resolve_global
+from .machine import MAX_LINE
+from .source import CHUNK
+from .standins import ArrayRef, DtypeRef, LazyBytes, Record, RestrictedUnpicklingError
+from .torch_globals import (
     STORAGE_DTYPES,
     TORCH_DTYPES,
-    ArrayRef,
-    DtypeRef,
-    LazyBytes,
-    Record,
-    RestrictedUnpicklingError,
     StorageRef,
     StorageType,
     TensorRef,
     TorchDtype,
-    resolve_global,
-    torch_persistent_load,
 )
-from ._pickle_ops import CHUNK, LAZY_MIN, MAX_LINE, MAX_OBJECTS, Unpickler
-from .io import Blob
+from .vm import DISPATCH, LAZY_MIN, MAX_OBJECTS, Unpickler
 
 MAX_LEAVES = 1_000_000
 
@@ -150,8 +149,8 @@ def _key(k: Any) -> str:
 
 
 __all__ = [
-    "ALLOWED", "CHUNK", "LAZY_MIN", "MAX_LEAVES", "MAX_LINE", "MAX_OBJECTS", "RECORD_NAMES",
-    "RECORD_PREFIXES", "STORAGE_DTYPES", "TORCH_DTYPES", "ArrayRef", "DtypeRef", "LazyBytes",
-    "Record", "RestrictedUnpicklingError", "StorageRef", "StorageType", "TensorRef", "TorchDtype",
-    "Unpickler", "flatten", "is_leaf", "load_pickle", "resolve_global", "torch_persistent_load",
+    "ALLOWED", "CHUNK", "DISPATCH", "LAZY_MIN", "MAX_LEAVES", "MAX_LINE", "MAX_OBJECTS",
+    "RECORD_NAMES", "RECORD_PREFIXES", "STORAGE_DTYPES", "TORCH_DTYPES", "ArrayRef", "DtypeRef",
+    "LazyBytes", "Record", "RestrictedUnpicklingError", "StorageRef", "StorageType", "TensorRef",
+    "TorchDtype", "Unpickler", "flatten", "is_leaf", "load_pickle", "resolve_global",
 ]  # fmt: skip

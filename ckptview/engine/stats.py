@@ -11,9 +11,12 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from ..scan.core import Scan
 
 STAT_COLUMNS = ["min", "max", "mean", "std", "l2", "n_nan", "n_inf", "frac_zero"]
 STATS_TABLE = ["serial", "node", "name", "dtype", "shape", "numel", *STAT_COLUMNS, "error"]
@@ -86,7 +89,7 @@ class Accumulator:
 
 
 def nan_stats(error: str | None = None) -> dict:
-    out = dict.fromkeys(STAT_COLUMNS, math.nan)
+    out: dict[str, Any] = dict.fromkeys(STAT_COLUMNS, math.nan)
     out.update(n_nan=0, n_inf=0, error=error)
     return out
 
@@ -98,13 +101,13 @@ def chunk_stats(chunks: Iterable[np.ndarray]) -> dict:
     return acc.result()
 
 
-def variable_stats(cat, name: str, serial: int, node: str, dtype: str,
+def variable_stats(scan: Scan, name: str, serial: int, node: str, dtype: str,
                    chunk_bytes: int = CHUNK_BYTES) -> dict:  # fmt: skip
     """Statistics of one variable; a read error becomes the ``error`` field."""
     if dtype == "object":
         return nan_stats()
     try:
-        out = chunk_stats(cat.iter_chunks(name, serial, node, chunk_bytes))
+        out = chunk_stats(scan.iter_chunks(name, serial, node, chunk_bytes))
         out["error"] = None
         return out
     except Exception as e:  # noqa: BLE001 - one bad variable must not sink the table
@@ -127,30 +130,25 @@ def bounded_map(fn: Callable, items: list, executor: Executor | None,
         yield fut.result()
 
 
-def resolve_serial(cat, serial: int | None) -> int:
+def resolve_serial(scan: Scan, serial: int | None) -> int:
+    """``serial`` checked to exist; None: the latest (else the highest) serial."""
     if serial is None:
-        serial = cat.latest
+        serial = scan.latest
         if serial is None:
-            if not len(cat.serials):
+            if not len(scan.serials):
                 raise KeyError("the tree has no serials")
-            serial = int(cat.serials.index.max())
+            serial = int(scan.serials.index.max())
     serial = int(serial)
-    if serial not in set(cat.serials.index):
-        raise KeyError(f"no serial {serial}; serials: {list(cat.serials.index)}")
+    if serial not in set(scan.serials.index):
+        raise KeyError(f"no serial {serial}; serials: {list(scan.serials.index)}")
     return serial
 
 
-def _executor(cat) -> Executor:
-    from .catalog import default_executor
-
-    return cat.executor or default_executor()
-
-
-def stats(cat, serial: int | None = None, names: Iterable[str] | None = None,
+def stats(scan: Scan, serial: int | None = None, names: Iterable[str] | None = None,
           chunk_bytes: int = CHUNK_BYTES) -> pd.DataFrame:  # fmt: skip
     """One row per variable of a serial: its header fields and statistics."""
-    serial = resolve_serial(cat, serial)
-    df = cat.variables
+    serial = resolve_serial(scan, serial)
+    df = scan.variables
     df = df[df["serial"] == serial]
     if names is not None:
         names = [names] if isinstance(names, str) else list(names)
@@ -159,8 +157,8 @@ def stats(cat, serial: int | None = None, names: Iterable[str] | None = None,
             raise KeyError(f"no variable {missing[0]!r} in serial {serial}")
         df = df[df["name"].isin(names)]
     rows = list(df.itertuples(index=False))
-    jobs = [(cat, r.name, serial, r.node, r.dtype, chunk_bytes) for r in rows if r.error is None]
-    results = iter(bounded_map(variable_stats, jobs, _executor(cat)))
+    jobs = [(scan, r.name, serial, r.node, r.dtype, chunk_bytes) for r in rows if r.error is None]
+    results = iter(bounded_map(variable_stats, jobs, scan.pool()))
     out = []
     for r in rows:
         st = next(results) if r.error is None else nan_stats(r.error)
@@ -171,12 +169,12 @@ def stats(cat, serial: int | None = None, names: Iterable[str] | None = None,
                          "n_inf": "int64"})  # fmt: skip
 
 
-def trajectory(cat, name: str, stat: str = "l2", node: str = "",
+def trajectory(scan: Scan, name: str, stat: str = "l2", node: str = "",
                chunk_bytes: int = CHUNK_BYTES) -> pd.Series:  # fmt: skip
     """One statistic of one variable across every serial holding it (index: serial)."""
     if stat not in STAT_COLUMNS:
         raise ValueError(f"unknown stat {stat!r}; one of {', '.join(STAT_COLUMNS)}")
-    df = cat.variables
+    df = scan.variables
     df = df[df["name"] == name]
     if node:
         df = df[df["node"] == node]
@@ -188,10 +186,10 @@ def trajectory(cat, name: str, stat: str = "l2", node: str = "",
     if df.empty:
         raise KeyError(f"no variable {name!r} in any serial")
     rows = list(df.sort_values("serial").itertuples(index=False))
-    jobs = [(cat, r.name, r.serial, r.node, r.dtype, chunk_bytes) for r in rows]
+    jobs = [(scan, r.name, r.serial, r.node, r.dtype, chunk_bytes) for r in rows]
     values = [
         st[stat] if r.error is None else math.nan
-        for r, st in zip(rows, bounded_map(variable_stats, jobs, _executor(cat)))
+        for r, st in zip(rows, bounded_map(variable_stats, jobs, scan.pool()))
     ]
     index = pd.Index([int(r.serial) for r in rows], name="serial", dtype="int64")
     return pd.Series(values, index=index, name=f"{name}:{stat}", dtype="float64")

@@ -24,6 +24,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from ..model import FileRef
+from ..tree import Tree
+
 #: a cached file listing: (codec name, variables, error)
 Listing = tuple[str | None, list, str | None]
 
@@ -201,8 +204,8 @@ def resolve(cache: Any) -> HeaderCache:
         return _DIRS[path]
 
 
-# -- listing files through the cache --------------------------------------------------------
-def listing_key(cache: HeaderCache, tree, ref) -> str | None:
+# -- the key of a data file's listing ----------------------------------------------------------
+def listing_key(cache: HeaderCache, tree: Tree, ref: FileRef) -> str | None:
     """The cache key of one data file as a layout hands it over (forced codec and hints count)."""
     info = tree.entries.get(tree.rel(ref.path))
     if info is not None and ref.size is not None and info.get("size") != ref.size:
@@ -210,82 +213,3 @@ def listing_key(cache: HeaderCache, tree, ref) -> str | None:
     hints = repr(sorted((str(k), repr(v)) for k, v in (ref.hints or {}).items()))
     return cache.key("listing", tree.storage.url(ref.path), info, ref.codec or "", hints,
                      ref.optional)  # fmt: skip
-
-
-def _origin() -> tuple[str, int]:
-    return (os.uname().nodename, os.getpid())
-
-
-def list_job(storage, serial: int, ref, origin: tuple[str, int]):
-    """``list_file`` for an executor: in another process the Storage is a copy, so the bytes and
-    requests it counted come back with the result (added to the caller's counters)."""
-    from .catalog import list_file
-
-    remote = _origin() != origin
-    if remote:
-        storage.counters.reset()
-    res = list_file(storage, serial, ref)
-    delta = (storage.counters.bytes_read, storage.counters.requests) if remote else None
-    return res, delta
-
-
-def run_listings(storage, tree, jobs: list, executor, cache: HeaderCache | None,
-                 progress=None) -> list:  # fmt: skip
-    """``FileResult`` per ``(serial, FileRef)`` job: cached ones from ``cache``, the rest listed
-    concurrently on ``executor`` (any ``concurrent.futures.Executor``, Dask's included).
-    ``progress(done, total)`` is called once per file listed (cache hits included)."""
-    from .catalog import FileResult, list_file
-
-    done = 0
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, len(jobs))
-
-    out: list = [None] * len(jobs)
-    keys: list[str | None] = [None] * len(jobs)
-    todo = []
-    for i, (serial, ref) in enumerate(jobs):
-        if cache is not None:
-            keys[i] = listing_key(cache, tree, ref)
-            hit = cache.get(keys[i])
-            if hit is not None:
-                out[i] = FileResult(serial, ref, *hit)
-                tick()
-                continue
-        todo.append(i)
-    if len(todo) == 1 or (todo and executor is None):
-        for i in todo:
-            out[i] = list_file(storage, *jobs[i])
-            tick()
-    elif todo:
-        origin = _origin()
-        futures = [(i, executor.submit(list_job, storage, *jobs[i], origin)) for i in todo]
-        for i, fut in futures:
-            res, delta = fut.result()
-            res.ref = jobs[i][1]
-            if delta is not None:
-                with storage.counters.lock:
-                    storage.counters.bytes_read += delta[0]
-                    storage.counters.requests += delta[1]
-            out[i] = res
-            tick()
-    if cache is not None:
-        for i in todo:
-            res = out[i]
-            if not transient(res.error):
-                cache.put(keys[i], (res.codec, res.variables, res.error))
-    return out
-
-
-#: errors of reaching the storage, not of the file: never cached (a retry may succeed)
-TRANSIENT = ("OSError", "IOError", "PermissionError", "FileNotFoundError", "ConnectionError",
-             "TimeoutError", "ClientError", "ClientPayloadError", "ServerTimeoutError",
-             "ReadTimeoutError", "EndpointConnectionError", "NoCredentialsError")  # fmt: skip
-
-
-def transient(error: str | None) -> bool:
-    """True when a listing error says the storage failed (access, network), not the file."""
-    return bool(error) and error.split(":", 1)[0].strip() in TRANSIENT

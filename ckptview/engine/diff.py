@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from .stats import CHUNK_BYTES, _executor, bounded_map, resolve_serial
+from ..scan.core import Scan
+from .stats import CHUNK_BYTES, bounded_map, resolve_serial
 
 DIFF_COLUMNS = [
     "node", "name", "status", "dtype_a", "dtype_b", "shape_a", "shape_b", "numel",
@@ -28,19 +29,11 @@ def aligned(chunks_a: Iterable[np.ndarray],
             chunks_b: Iterable[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:  # fmt: skip
     """Pairs of equally long flat pieces from two streams cut at different boundaries."""
     it_a, it_b = iter(chunks_a), iter(chunks_b)
-    a = b = np.empty(0)
+    cur_a = cur_b = np.empty(0)
     ia = ib = 0
     while True:
-        while ia >= len(a):
-            a = next(it_a, None)
-            if a is None:
-                break
-            a, ia = np.asarray(a).reshape(-1), 0
-        while ib >= len(b):
-            b = next(it_b, None)
-            if b is None:
-                break
-            b, ib = np.asarray(b).reshape(-1), 0
+        a, ia = _piece(it_a, cur_a, ia)
+        b, ib = _piece(it_b, cur_b, ib)
         if a is None or b is None:
             if a is not None or b is not None:
                 raise ValueError("the two sides hold different numbers of values")
@@ -49,6 +42,18 @@ def aligned(chunks_a: Iterable[np.ndarray],
         yield a[ia : ia + n], b[ib : ib + n]
         ia += n
         ib += n
+        cur_a, cur_b = a, b
+
+
+def _piece(it: Iterator[np.ndarray], cur: np.ndarray, i: int) -> tuple[np.ndarray | None, int]:
+    """``cur`` from index ``i`` while it has values left, else the stream's next non-empty
+    piece (flat, from index 0); None at the end of the stream."""
+    while i >= len(cur):
+        nxt = next(it, None)
+        if nxt is None:
+            return None, i
+        cur, i = np.asarray(nxt).reshape(-1), 0
+    return cur, i
 
 
 def _wide(x: np.ndarray, complex_: bool) -> np.ndarray:
@@ -185,7 +190,7 @@ class _ReadAhead:
     def __init__(self, iterable: Iterable):
         self._it = iter(iterable)
         self._pool = _io_pool()
-        self._next = self._pool.submit(next, self._it, _END)
+        self._next: Future | None = self._pool.submit(next, self._it, _END)
 
     def __iter__(self):
         return self
@@ -217,7 +222,7 @@ class _ReadAhead:
 class Side:
     """One variable on one side of a diff."""
 
-    cat: object
+    scan: Scan
     serial: int
     node: str
     name: str
@@ -235,7 +240,9 @@ def _empty_metrics() -> dict:
 def compare(a: Side | None, b: Side | None, chunk_bytes: int = CHUNK_BYTES,
             progress: Callable[[int], None] | None = None) -> dict:  # fmt: skip
     """One diff row."""
-    ref = a or b
+    ref = a if a is not None else b
+    if ref is None:
+        raise TypeError("compare needs at least one side")
     row = {"node": ref.node, "name": ref.name, "dtype_a": a.dtype if a else None,
            "dtype_b": b.dtype if b else None, "shape_a": a.shape if a else None,
            "shape_b": b.shape if b else None, "numel": ref.numel, "error": None,
@@ -255,9 +262,9 @@ def compare(a: Side | None, b: Side | None, chunk_bytes: int = CHUNK_BYTES,
             return {**row, "status": status or ("identical" if same else "changed")}
         acc = DiffAccumulator()
         # both sides' next chunks are read concurrently, while the current pair is compared
-        stream_a = _ReadAhead(a.cat.iter_chunks(a.name, a.serial, a.node, chunk_bytes))
+        stream_a = _ReadAhead(a.scan.iter_chunks(a.name, a.serial, a.node, chunk_bytes))
         try:
-            stream_b = _ReadAhead(b.cat.iter_chunks(b.name, b.serial, b.node, chunk_bytes))
+            stream_b = _ReadAhead(b.scan.iter_chunks(b.name, b.serial, b.node, chunk_bytes))
             try:
                 for xa, xb in aligned(stream_a, stream_b):
                     acc.add(xa, xb)
@@ -275,22 +282,22 @@ def compare(a: Side | None, b: Side | None, chunk_bytes: int = CHUNK_BYTES,
 
 
 def _objects_equal(a: Side, b: Side) -> bool:
-    va = a.cat.read(a.name, a.serial, a.node)
-    vb = b.cat.read(b.name, b.serial, b.node)
+    va = a.scan.read(a.name, a.serial, a.node)
+    vb = b.scan.read(b.name, b.serial, b.node)
     try:
         return bool(np.array_equal(np.asarray(va), np.asarray(vb)))
     except Exception:  # noqa: BLE001 - incomparable objects differ
         return repr(va) == repr(vb)
 
 
-def _sides(cat, serial: int, names: set[str] | None) -> dict[tuple[str, str], Side]:
-    df = cat.variables
+def _sides(scan: Scan, serial: int, names: set[str] | None) -> dict[tuple[str, str], Side]:
+    df = scan.variables
     df = df[df["serial"] == serial]
     if names is not None:
         df = df[df["name"].isin(names)]
     return {
         (r.node, r.name): Side(
-            cat, serial, r.node, r.name, r.dtype, tuple(r.shape), r.numel, r.error
+            scan, serial, r.node, r.name, r.dtype, tuple(r.shape), r.numel, r.error
         )  # fmt: skip
         for r in df.itertuples(index=False)
     }
@@ -323,30 +330,33 @@ def _unique_by_name(keys: list[tuple[str, str]]) -> dict[str, tuple[str, str]]:
     return {name: ks[0] for name, ks in seen.items() if len(ks) == 1}
 
 
-def diff(cat, a: int | None, b: int | None, other=None, names: Iterable[str] | None = None,
-         match: str = "auto", rename: Callable[[str], str] | dict | None = None,
+def diff(scan: Scan, a: int | None, b: int | None, other: Scan | None = None,
+         names: Iterable[str] | None = None, match: str = "auto", rename: Callable[[str], str] | dict | None = None,
          chunk_bytes: int = CHUNK_BYTES,
          progress: Callable[[int], None] | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per (node, name) in either serial; see DESIGN.md §3 for the columns.
 
-    ``other`` is a second Catalog (``b`` is then its serial); ``rename`` maps the b side's
+    ``other`` is a second tree's Scan (``b`` is then its serial); ``rename`` maps the b side's
     names onto a's (a dict or a function) before pairing.
     """
-    other = cat if other is None else other
-    a = resolve_serial(cat, a)
+    other = scan if other is None else other
+    a = resolve_serial(scan, a)
     b = resolve_serial(other, b)
     wanted = None if names is None else ({names} if isinstance(names, str) else set(names))
-    left = _sides(cat, a, wanted)
+    left = _sides(scan, a, wanted)
     right = _sides(other, b, None)
     if rename is not None:
-        fn = rename.get if isinstance(rename, dict) else rename
-        right = {(k[0], (fn(k[1]) if not isinstance(rename, dict) else fn(k[1], k[1]))): v
-                 for k, v in right.items()}  # fmt: skip
+        mapping = rename
+
+        def renamed(name: str) -> str:
+            return mapping.get(name, name) if isinstance(mapping, dict) else mapping(name)
+
+        right = {(k[0], renamed(k[1])): v for k, v in right.items()}
     if wanted is not None:
         right = {k: v for k, v in right.items() if k[1] in wanted}
     pairs = pair(left, right, match)
     jobs = [(x, y, chunk_bytes, progress) for x, y in pairs]
-    rows = list(bounded_map(compare, jobs, _executor(cat)))
+    rows = list(bounded_map(compare, jobs, scan.pool()))
     for (x, y), row in zip(pairs, rows):
         if y is not None and x is not None and y.name != x.name:
             row["name"] = x.name

@@ -1,0 +1,297 @@
+"""Crash recovery: roll back or finish what an interrupted change left.
+
+An operation with a ``begin`` and no ``end`` in the journal was cut short (a crash, a kill, a
+failure whose own clean-up did not finish). Each ``begin`` carries the whole plan, so recovery
+knows every path the operation meant to touch: an interrupted restore is rolled back (the
+files it created are removed; restore never overwrites, so nothing that existed before is
+touched, and never a file of a complete serial other than the one being restored) unless its
+last step (the commit: final marker, rename into place, pointer) took effect, in which case
+it is finished and kept; an interrupted retention finishes deleting the serial it had started
+on (already incomplete, its markers went first) and leaves a serial it had not touched yet.
+Leftovers in ``.ckptview/tmp/`` are removed. What recovery does is journaled like any change
+(CLI ``ckptview journal URL --recover --yes``). The tree as it is now is read with
+:mod:`ckptview.scan` (never the catalog: this package sits below it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import pandas as pd
+
+from ..io import Storage
+from ..model import META_DIR, Op
+from ..scan.core import Scan
+from ..scan.detect import detect, list_tree
+from .journal import Journal, join_path, journal_path, open_root, read_journal
+from .lock import TreeLock, is_stale
+from .ops import OpRunner, describe, ops_frame
+from .status import needs_recovery, operations
+
+
+class _Fixer:
+    """Works out the Ops that undo or finish the interrupted operations of one tree."""
+
+    def __init__(self, fs: Any, root: str, url: str):
+        self.fs, self.root, self.url = fs, root, url
+        self.doomed: dict[str, None] = {}  # absolute file paths to delete, in order
+        self.dirs: set[str] = set()  # absolute dirs to remove once emptied
+        self.replay: list[Op] = []  # retention ops to finish
+        self.outcomes: list[tuple[str, str]] = []  # (op_id, outcome)
+        self._scan: Scan | None = None
+        self._scan_done = False
+
+    def abs(self, rel: str) -> str:
+        return join_path(self.root, rel)
+
+    def rel(self, path: str) -> str:
+        return path[len(self.root.rstrip("/")) + 1 :]
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.exists(self.abs(rel))
+
+    def scan(self) -> Scan | None:
+        """The tree as it is now, or None when no layout recognizes it (an emptied target)."""
+        if not self._scan_done:
+            self._scan_done = True
+            try:
+                tree = list_tree(self.url, cache=False)
+                self._scan = Scan(tree, detect(tree, label=self.url), cache=tree.cache)
+                self._scan.serials  # noqa: B018 - scan now: unreadable trees count as None
+            except Exception:  # noqa: BLE001 - recovery works on the files alone then
+                self._scan = None
+        return self._scan
+
+    def complete_serials(self, exclude: int | None) -> list[tuple[int, str, set[str]]]:
+        """(serial, dir or main path, absolute file paths) of every complete serial."""
+        scan = self.scan()
+        if scan is None:
+            return []
+        out = []
+        tree = scan.tree
+        for info in scan.tree_scan.serials:
+            if info.serial == exclude or not bool(scan.serials.loc[info.serial, "complete"]):
+                continue
+            files = {tree.abs(f) for f in scan.layout.serial_files(tree, info)}
+            out.append((info.serial, tree.abs(tree.rel(info.path)), files))
+        return out
+
+    def doom(self, path: str) -> None:
+        """A file or a whole directory (absolute) to delete; its parent dirs too once empty
+        (a step may have made them before it failed)."""
+        parent = path.rstrip("/").rsplit("/", 1)[0]
+        while len(parent) > len(self.root.rstrip("/")) and parent.startswith(self.root):
+            self.dirs.add(parent)
+            parent = parent.rsplit("/", 1)[0]
+        if not self.fs.exists(path):
+            return
+        if self.fs.isdir(path):
+            for f, inf in sorted(self.fs.find(path, withdirs=True, detail=True).items()):
+                if inf["type"] == "directory":
+                    self.dirs.add(f.rstrip("/"))
+                else:
+                    self.doomed[f] = None
+            self.dirs.add(path.rstrip("/"))
+        else:
+            self.doomed[path] = None
+
+    # -- restore
+    def restore(self, op: dict) -> None:
+        begin, recs = op["begin"], op["records"]
+        plan = begin.get("plan")
+        if plan is None:
+            self.outcomes.append((op["op_id"], "no plan journaled: only leftovers removed"))
+            return
+        reached = sorted({r["step"] for r in recs if r.get("event") == "intent"})
+        refused = {r["step"] for r in recs if r.get("event") == "failed"
+                   and "FileExistsError" in str(r.get("error"))}  # fmt: skip
+        if plan and reached and reached[-1] == len(plan) - 1 and self._took_effect(plan[-1]):
+            self.outcomes.append((op["op_id"], f"finished (its last step, {plan[-1]['kind']} "
+                                  f"{plan[-1]['path']}, had taken effect)"))  # fmt: skip
+            return
+        kept = []
+        for i in reversed(reached):  # newest first: commit markers go before the data
+            step = plan[i]
+            if i in refused or step.get("replace"):
+                if step.get("replace") and i != len(plan) - 1:
+                    kept.append(step["path"])
+                continue
+            if step["kind"] in ("copy", "write", "rename"):
+                self.doom(self.abs(step["path"]))
+            if step["kind"] == "rename" and step.get("src"):
+                self.doom(self.abs(step["src"]))
+        for i, step in enumerate(plan):  # a staging dir made by a step never reached
+            src = step.get("src") or ""
+            if i not in reached and step["kind"] == "rename" and src:  # noqa: SIM102
+                if not src.startswith(META_DIR + "/") and self.exists(src):
+                    self.doom(self.abs(src))
+        spared = self._spare(begin.get("new_serial"))
+        what = f"rolled back ({len(reached)} of {len(plan)} steps had started)"
+        if spared:
+            what += f"; left {len(spared)} file(s) of complete serials"
+        if kept:
+            what += f"; state files left as written: {', '.join(kept)}"
+        self.outcomes.append((op["op_id"], what))
+
+    def _took_effect(self, step: dict) -> bool:
+        path = self.abs(step["path"])
+        if step["kind"] == "rename":
+            return self.fs.exists(path) and not (step.get("src") and self.exists(step["src"]))
+        if step["kind"] == "copy":
+            return self.fs.exists(path) and self.fs.size(path) == step.get("nbytes", 0)
+        if step["kind"] == "write":
+            if not self.fs.exists(path):
+                return False
+            digest = hashlib.sha256(self.fs.cat_file(path)).hexdigest()
+            return step.get("sha256") in (None, digest)
+        return True
+
+    def _spare(self, own: int | None) -> list[str]:
+        """Never touch a complete serial (other than the one the restore was creating)."""
+        if not self.doomed and not self.dirs:
+            return []
+        spared = []
+        for _serial, base, files in self.complete_serials(own):
+            for f in list(self.doomed):
+                if f in files or f.startswith(base.rstrip("/") + "/"):
+                    del self.doomed[f]
+                    spared.append(f)
+            self.dirs -= {d for d in self.dirs if d == base or d.startswith(base + "/")
+                          or any(f.startswith(d + "/") for f in files)}  # fmt: skip
+        return spared
+
+    # -- retention
+    def retention(self, op: dict) -> None:
+        begin, recs = op["begin"], op["records"]
+        started = [r for r in recs if r.get("event") == "serial"]
+        todo = [int(s) for s in begin.get("delete") or []]
+        if not started:
+            self.outcomes.append((op["op_id"], "nothing deleted yet; plan again"))
+            return
+        cur = started[-1]
+        serial, plan = int(cur["serial"]), cur.get("plan")
+        rest = todo[todo.index(serial) + 1 :] if serial in todo else []
+        note = f"; not started: {rest} (plan again)" if rest else ""
+        if any(s == serial for s, _, _ in self.complete_serials(None)):
+            self.outcomes.append((op["op_id"], f"serial {serial} untouched (still complete)"
+                                  + note))  # fmt: skip
+            return
+        if plan is None:
+            self.outcomes.append((op["op_id"], "no plan journaled: only leftovers removed"))
+            return
+        for step in plan:
+            if step["kind"] == "rename":
+                if self.exists(step["src"]) and not self.exists(step["path"]):
+                    self.replay.append(Op("rename", step["path"], src=step["src"],
+                                          note=step.get("note", "")))  # fmt: skip
+            elif step["kind"] in ("delete", "rmdir"):
+                self.replay.append(Op(step["kind"], step["path"], note=step.get("note", "")))
+        self.outcomes.append((op["op_id"], f"finished deleting serial {serial}" + note))
+
+    # -- leftovers
+    def tmp(self) -> None:
+        tmp = self.abs(f"{META_DIR}/tmp")
+        if self.fs.exists(tmp) and self.fs.ls(tmp):  # an empty tmp dir is no leftover
+            self.doom(tmp)
+            self.dirs.discard(self.abs(META_DIR))
+
+    def ops(self) -> list[Op]:
+        out = [Op("delete", self.rel(f), nbytes=self._size(f), note="recover")
+               for f in self.doomed]  # fmt: skip
+        emptied = self._emptied()
+        out += [Op("rmdir", self.rel(d), note="recover")
+                for d in sorted(emptied, key=lambda d: (-d.count("/"), d))]  # fmt: skip
+        replay = [o for o in self.replay if self.abs(o.path) not in self.doomed]
+        return replay + out
+
+    def _size(self, path: str) -> int:
+        try:
+            return int(self.fs.size(path) or 0)
+        except (FileNotFoundError, OSError):
+            return 0
+
+    def _emptied(self) -> set[str]:
+        """The dirs in ``self.dirs`` left empty once the doomed files are gone."""
+        out: set[str] = set()
+        for d in sorted(self.dirs, key=lambda d: -d.count("/")):
+            if not self.fs.exists(d) or d.rstrip("/") == self.root.rstrip("/"):
+                continue
+            if d == self.abs(META_DIR):
+                continue
+            entries = self.fs.find(d, withdirs=True, detail=True)
+            if all(p.rstrip("/") in out or p in self.doomed or p.rstrip("/") == d.rstrip("/")
+                   for p in entries):  # fmt: skip
+                out.add(d.rstrip("/"))
+        return out
+
+
+def recover(url: str | os.PathLike, dry_run: bool = False,
+            storage_options: dict | None = None) -> RecoverResult:  # fmt: skip
+    """Roll back or finish the interrupted operations of the tree at ``url`` and remove the
+    leftovers in ``.ckptview/tmp/`` (see the module docstring). Takes the tree's lock (a stale
+    one, left by a dead process, is broken and journaled; a live one refuses). Returns a
+    ``RecoverResult``; with ``dry_run`` nothing is changed."""
+    fs, root = open_root(url, storage_options)
+    url = Storage(fs).url(root)
+
+    def work() -> tuple[_Fixer, list[dict]]:
+        pending = [op for op in operations(read_journal(fs, journal_path(root)))
+                   if needs_recovery(op)]  # fmt: skip
+        fixer = _Fixer(fs, root, url)
+        for op in pending:
+            action = op["begin"].get("action")
+            if action == "restore":
+                fixer.restore(op)
+            elif action == "retention":
+                fixer.retention(op)
+            else:
+                fixer.outcomes.append((op["op_id"], "superseded by this recovery"))
+        fixer.tmp()
+        return fixer, pending
+
+    if dry_run:
+        fixer, _ = work()
+        return RecoverResult(url, ops_frame(fixer.ops()), fixer.outcomes, True, False,
+                             TreeLock(fs, root).holder())  # fmt: skip
+    with TreeLock(fs, root, "recover") as lock:
+        journal = Journal(fs, root)
+        if lock.broken:
+            journal.write("lock_broken", holder=lock.broken)
+        fixer, _ = work()
+        ops = fixer.ops()
+        if not ops and not fixer.outcomes and not lock.broken:
+            return RecoverResult(url, ops_frame([]), [], False, True, None)
+        journal.write("begin", action="recover", recovers=[o for o, _ in fixer.outcomes],
+                      steps=len(ops), plan=[describe(o) for o in ops])  # fmt: skip
+        OpRunner(fs, root, journal=journal).run(ops)
+        for op_id, outcome in fixer.outcomes:
+            journal.write("recovered", of=op_id, outcome=outcome)
+        journal.write("end", action="recover")
+    return RecoverResult(url, ops_frame(ops), fixer.outcomes, False, True, lock.broken)
+
+
+class RecoverResult:
+    """What :func:`recover` did (or, with ``dry_run``, would do)."""
+
+    def __init__(self, target: str, ops: pd.DataFrame, outcomes: list[tuple[str, str]],
+                 dry_run: bool, done: bool, lock: dict | None):  # fmt: skip
+        self.target, self.ops, self.outcomes = target, ops, outcomes
+        self.dry_run, self.done, self.lock = dry_run, done, lock
+
+    def __str__(self) -> str:
+        verb = "would run" if self.dry_run else "ran"
+        lines = [f"recover {self.target}: {verb} {len(self.ops)} steps"]
+        if self.lock:
+            held = f"pid {self.lock.get('pid')} on {self.lock.get('host')}"
+            if not self.dry_run:
+                lines.append(f"broke a stale lock of {held}")
+            else:
+                stale = is_stale(self.lock)
+                lines.append(("stale lock of " if stale else "lock held by ") + held
+                             + (" (will be broken)" if stale else ""))  # fmt: skip
+        lines += [f"  {op_id}: {outcome}" for op_id, outcome in self.outcomes]
+        if not self.outcomes and not len(self.ops):
+            lines.append("  nothing to recover")
+        return "\n".join(lines)

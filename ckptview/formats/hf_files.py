@@ -1,0 +1,86 @@
+"""Hugging Face model directories: which files hold the weights, and small JSON files.
+
+A model dir holds ``model.safetensors`` / ``pytorch_model.bin`` / ``adapter_model.*``, or
+shards ``<stem>-00001-of-00003.<ext>`` listed by ``<stem>.<ext>.index.json`` (its
+``weight_map`` names the shards, its ``metadata`` describes the model). Used by the HF Trainer
+and safetensors-sharded layouts and by numbered checkpoint dirs holding a saved model.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from typing import Any
+
+from ..model import FileRef
+from ..tree import Tree
+
+SHARD = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.(?P<ext>safetensors|bin)$")
+#: weight file stem -> the logical prefix of its variables
+WEIGHT_STEMS = {"model": "model", "pytorch_model": "model", "adapter_model": "adapter"}
+WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def read_json(tree: Tree, rel: str) -> Any:
+    """A small JSON file, or None when missing or unparsable."""
+    if not tree.exists(rel):
+        return None
+    try:
+        return json.loads(tree.read_text(rel, limit=256 << 20))
+    except ValueError:
+        return None
+
+
+def weight_refs(
+    tree: Tree, rel_dir: str, meta: dict | None = None
+) -> tuple[list[FileRef], list[str]]:
+    """Model weight files of a directory (single or sharded) and the index files consumed.
+
+    The indexes' ``metadata`` is merged into ``meta`` when given.
+    Shards listed by a ``*.index.json`` get the logical prefix of their stem (``model``), so
+    names carry no shard prefix; other weight files get the prefix of their stem.
+    """
+    prefix = rel_dir.rstrip("/") + "/" if rel_dir else ""
+    names = [posixpath.basename(f) for f in tree.files(under=rel_dir, depth=1)]
+    refs: list[FileRef] = []
+    used: list[str] = []
+    for name in names:
+        if not name.endswith(".index.json"):
+            continue
+        weights = name[: -len(".index.json")]
+        stem = weights.rsplit(".", 1)[0]
+        index = read_json(tree, prefix + name)
+        shards = _index_shards(index)
+        if shards is None:
+            continue
+        if meta is not None and isinstance(index.get("metadata"), dict):
+            meta.update(index["metadata"])
+        used.append(prefix + name)
+        for shard in shards:
+            if tree.exists(prefix + shard):
+                refs.append(_weight_ref(tree, prefix + shard, WEIGHT_STEMS.get(stem, stem)))
+    claimed = {posixpath.basename(r.path) for r in refs}
+    for name in names:
+        if name in claimed or not name.endswith(WEIGHT_EXTS):
+            continue
+        stem = name.rsplit(".", 1)[0]
+        m = SHARD.match(name)
+        if m:  # a shard without (or missing from) its index: still logical names
+            stem = m["stem"]
+        if stem in WEIGHT_STEMS or m:
+            refs.append(_weight_ref(tree, prefix + name, WEIGHT_STEMS.get(stem, stem)))
+    return refs, used
+
+
+def _weight_ref(tree: Tree, rel: str, prefix: str) -> FileRef:
+    codec = "safetensors" if rel.endswith(".safetensors") else "torch"
+    return FileRef(tree.abs(rel), prefix=prefix, kind="model", codec=codec, size=tree.size(rel))
+
+
+def _index_shards(index: Any) -> list[str] | None:
+    """Shard file names of a parsed ``*.index.json`` (weight_map values), or None."""
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        return None
+    return sorted({v for v in weight_map.values() if isinstance(v, str) and "/" not in v})

@@ -1,0 +1,1 @@
+"""Reading a tree: listing files through the header cache, the layout's scan, the tables."""

@@ -1,0 +1,199 @@
+"""Scan: one checkpoint tree read through its layout: serials, listed files, tables, values."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import registry
+from ..codecs.base import Codec
+from ..io import Blob, Storage
+from ..layouts.base import Layout
+from ..model import FileRef, SerialInfo, TreeScan, VarInfo
+from ..tree import Tree
+from .cache import HeaderCache, resolve
+from .listing import FileResult, default_executor, run_listings
+from .tables import files_table, metrics_table, serials_table, var_name, variables_table
+
+
+class Scan:
+    """A tree, its layout and what they found: the layout's ``TreeScan``, every data file's
+    listing (through the header cache) and the tables built from them, all computed on
+    first use and forgotten by :meth:`refresh`. Picklable (for process executors)."""
+
+    def __init__(self, tree: Tree, layout: Layout, executor: Executor | None = None,
+                 cache: Any = None, progress: Callable[[int, int], None] | None = None):  # fmt: skip
+        self.tree = tree
+        #: ``progress(done, total)``: called per file as a scan lists headers (a UI hook)
+        self.progress = progress
+        self.storage: Storage = tree.storage
+        self.layout = layout
+        self.executor = executor
+        self.cache: HeaderCache = resolve(cache)  # header cache: see ckptview.scan.cache
+        if getattr(tree, "cache", None) is None:
+            tree.cache = self.cache
+        self._lock = threading.RLock()
+        self._found: TreeScan | None = None
+        self._results: list[FileResult] | None = None
+        self._tables: dict[str, pd.DataFrame] = {}
+        self._index: dict[tuple[int, str, str], tuple[VarInfo, FileResult]] = {}
+
+    @property
+    def url(self) -> str:
+        return self.tree.url(self.tree.single or "")
+
+    @property
+    def tree_scan(self) -> TreeScan:
+        """What the layout found (serials, their files, the latest, metrics, attrs)."""
+        with self._lock:
+            if self._found is None:
+                self._found = self.layout.scan(self.tree)
+            return self._found
+
+    def serial_info(self, serial: int) -> SerialInfo:
+        """The layout's record of one serial (KeyError when there is none)."""
+        found = self.tree_scan.serials
+        for s in found:
+            if s.serial == serial:
+                return s
+        raise KeyError(f"no serial {serial}; serials: {sorted(s.serial for s in found)}")
+
+    def pool(self) -> Executor:
+        """The executor for concurrent reads: the one given, else a shared thread pool."""
+        return self.executor or default_executor()
+
+    def file_results(self) -> list[FileResult]:
+        """Every data file listed (codec, variables, error), in the layout's order."""
+        with self._lock:
+            if self._results is None:
+                jobs = [(s.serial, ref) for s in self.tree_scan.serials for ref in s.files]
+                self._results = self._run(jobs)
+                self._index = {}  # built on the first read (resolve): costly at 1e6 rows
+            return self._results
+
+    def _run(self, jobs: list[tuple[int, FileRef]]) -> list[FileResult]:
+        """List files through the header cache; misses run concurrently on the executor."""
+        return run_listings(self.storage, self.tree, jobs, self.pool(), self.cache, self.progress)
+
+    def __getstate__(self) -> dict:  # picklable for process executors (Dask diff/stats jobs)
+        state = self.__dict__.copy()
+        state.update(_lock=None, executor=None, _tables={}, progress=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.RLock())
+
+    def _build_index(self) -> None:
+        self._index = {}
+        for res in self._results or []:
+            for var in res.variables:
+                name = var_name(res.ref, var)
+                self._index.setdefault((res.serial, res.ref.node, name), (var, res))
+
+    # -- tables ---------------------------------------------------------------------
+    def _table(self, name: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        with self._lock:
+            if name not in self._tables:
+                self._tables[name] = build()
+            return self._tables[name]
+
+    @property
+    def variables(self) -> pd.DataFrame:
+        return self._table("variables", lambda: variables_table(self.tree, self.file_results()))
+
+    @property
+    def serials(self) -> pd.DataFrame:
+        def build() -> pd.DataFrame:
+            results = self.file_results()
+            return serials_table(self.tree, self.tree_scan, results)
+
+        return self._table("serials", build)
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        return self._table("metrics", lambda: metrics_table(self.tree_scan))
+
+    @property
+    def files(self) -> pd.DataFrame:
+        return files_table(self.tree, self.file_results())
+
+    @property
+    def latest(self) -> int | None:
+        df = self.serials
+        hit = df.index[df["latest"]]
+        return int(hit[0]) if len(hit) else None
+
+    # -- values ---------------------------------------------------------------------
+    def resolve(
+        self, name: str, serial: int | None, node: str | None
+    ) -> tuple[VarInfo, FileResult]:
+        """The header record of a variable and the listing of its file."""
+        self.file_results()
+        with self._lock:
+            if not self._index and self._results:
+                self._build_index()
+        if serial is None:
+            serial = self.latest
+            if serial is None:
+                serials = self.serials.index
+                if len(serials) == 0:
+                    raise KeyError("the tree has no serials")
+                serial = int(serials.max())
+        serial = int(serial)
+        hit = self._index.get((serial, node or "", name))
+        if hit is not None:
+            return hit
+        same = [k for k in self._index if k[0] == serial and k[2] == name]
+        if not node and len(same) == 1:
+            return self._index[same[0]]
+        if not same:
+            raise KeyError(f"no variable {name!r} in serial {serial}")
+        nodes = ", ".join(repr(k[1]) for k in same)
+        raise KeyError(f"{name!r} in serial {serial} is on several nodes ({nodes}): pass node=")
+
+    def _codec_blob(self, res: FileResult) -> tuple[Codec, Blob]:
+        codec = registry.get_codec(res.codec)
+        return codec, self.storage.blob(res.ref.path, res.ref.size)
+
+    def read(self, name: str, serial: int | None = None, node: str = "") -> np.ndarray:
+        """One variable's values (default serial: the latest)."""
+        var, res = self.resolve(name, serial, node)
+        if var.error:
+            raise ValueError(f"{name}: {var.error}")
+        codec, blob = self._codec_blob(res)
+        return codec.read(blob, var)
+
+    def iter_chunks(self, name: str, serial: int | None = None, node: str = "",
+                    max_bytes: int = 64 << 20) -> Iterator[np.ndarray]:  # fmt: skip
+        """A variable's values as flat pieces of about ``max_bytes`` (bounded memory)."""
+        var, res = self.resolve(name, serial, node)
+        if var.error:
+            raise ValueError(f"{name}: {var.error}")
+        codec, blob = self._codec_blob(res)
+        return codec.iter_chunks(blob, var, max_bytes)
+
+    def load(self, serial: int | None = None) -> dict[str, np.ndarray]:
+        """Every variable of a serial keyed by name (``node/name`` where a name repeats)."""
+        if serial is None:
+            serial = self.latest
+        df = self.variables
+        df = df[(df["serial"] == serial) & df["error"].isna()]
+        counts = df["name"].value_counts()
+        out = {}
+        for row in df.itertuples():
+            key = row.name if counts[row.name] == 1 else f"{row.node}/{row.name}"
+            out[key] = self.read(row.name, serial=serial, node=row.node)
+        return out
+
+    def refresh(self) -> None:
+        """Forget the listing and every table: the next access rescans the tree."""
+        with self._lock:
+            self.tree.forget()
+            self._found = self._results = None
+            self._tables = {}
+            self._index = {}

@@ -1,0 +1,145 @@
+"""Listing data files: detect each file's codec and list its variables (headers only),
+through the header cache, the misses fanned out on an executor."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .. import registry
+from ..codecs.base import Codec, PartialRead
+from ..io import Storage
+from ..model import FileRef, VarInfo
+from ..tree import Tree
+from .cache import HeaderCache, listing_key
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def default_executor() -> Executor:
+    """A shared thread pool for header reads (I/O bound)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="ckptview")
+        return _POOL
+
+
+@dataclass
+class FileResult:
+    """The outcome of listing one file."""
+
+    serial: int
+    ref: FileRef
+    codec: str | None
+    variables: list[VarInfo]
+    error: str | None = None
+
+
+def list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
+    """Detect the codec of one file and list its variables; never raises."""
+    blob = storage.blob(ref.path, ref.size)
+    codec: Codec | None = None
+    try:
+        if ref.codec:
+            codec = registry.get_codec(ref.codec)
+        else:
+            head = blob.head() if blob.size else b""
+            codec = registry.detect_codec(posixpath.basename(ref.path), head, blob)
+        if codec is None:
+            if ref.optional:
+                return FileResult(serial, ref, None, [])
+            return FileResult(serial, ref, None, [], "no codec recognizes this file")
+        variables = codec.list_variables(blob, ref.hints)
+        return FileResult(serial, ref, codec.name, variables)
+    except PartialRead as e:
+        return FileResult(serial, ref, codec.name if codec else None, e.variables, str(e))
+    except Exception as e:  # noqa: BLE001 - a bad file becomes an error row, never a crash
+        return FileResult(serial, ref, codec.name if codec else None, [], _message(e))
+
+
+def _message(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return f"{type(e).__name__}: {text}"[:500]
+
+
+def _origin() -> tuple[str, int]:
+    return (os.uname().nodename, os.getpid())
+
+
+def list_job(storage: Storage, serial: int, ref: FileRef,
+             origin: tuple[str, int]) -> tuple[FileResult, tuple[int, int] | None]:  # fmt: skip
+    """``list_file`` for an executor: in another process the Storage is a copy, so the bytes and
+    requests it counted come back with the result (added to the caller's counters)."""
+    remote = _origin() != origin
+    if remote:
+        storage.counters.reset()
+    res = list_file(storage, serial, ref)
+    delta = (storage.counters.bytes_read, storage.counters.requests) if remote else None
+    return res, delta
+
+
+def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
+                 executor: Executor | None, cache: HeaderCache | None,
+                 progress: Callable[[int, int], None] | None = None) -> list[FileResult]:  # fmt: skip
+    """``FileResult`` per ``(serial, FileRef)`` job: cached ones from ``cache``, the rest listed
+    concurrently on ``executor`` (any ``concurrent.futures.Executor``, Dask's included).
+    ``progress(done, total)`` is called once per file listed (cache hits included)."""
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(jobs))
+
+    out: list = [None] * len(jobs)
+    keys: list[str | None] = [None] * len(jobs)
+    todo = []
+    for i, (serial, ref) in enumerate(jobs):
+        if cache is not None:
+            keys[i] = listing_key(cache, tree, ref)
+            hit = cache.get(keys[i])
+            if hit is not None:
+                out[i] = FileResult(serial, ref, *hit)
+                tick()
+                continue
+        todo.append(i)
+    if len(todo) == 1 or (todo and executor is None):
+        for i in todo:
+            out[i] = list_file(storage, *jobs[i])
+            tick()
+    elif todo and executor is not None:
+        origin = _origin()
+        futures = [(i, executor.submit(list_job, storage, *jobs[i], origin)) for i in todo]
+        for i, fut in futures:
+            res, delta = fut.result()
+            res.ref = jobs[i][1]
+            if delta is not None:
+                with storage.counters.lock:
+                    storage.counters.bytes_read += delta[0]
+                    storage.counters.requests += delta[1]
+            out[i] = res
+            tick()
+    if cache is not None:
+        for i in todo:
+            res = out[i]
+            if not transient(res.error):
+                cache.put(keys[i], (res.codec, res.variables, res.error))
+    return out
+
+
+#: errors of reaching the storage, not of the file: never cached (a retry may succeed)
+TRANSIENT = ("OSError", "IOError", "PermissionError", "FileNotFoundError", "ConnectionError",
+             "TimeoutError", "ClientError", "ClientPayloadError", "ServerTimeoutError",
+             "ReadTimeoutError", "EndpointConnectionError", "NoCredentialsError")  # fmt: skip
+
+
+def transient(error: str | None) -> bool:
+    """True when a listing error says the storage failed (access, network), not the file."""
+    return error is not None and error.split(":", 1)[0].strip() in TRANSIENT
