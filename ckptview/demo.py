@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .protobuf import encode_varint
+from .formats.protobuf import encode_varint
 
 #: Paddle ``VarType.Type`` codes for the dtypes the demo writes (spec §1.1).
 PADDLE_DTYPES = {

@@ -209,9 +209,62 @@ class Blob:
         """Up to ``length`` bytes at ``offset`` (shorter at the end of the file)."""
         return self.read(offset, max(0, min(length, self.size - offset)))
 
+    def read_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of several ``(start, end)`` ranges, fetched concurrently."""
+        return self.storage.read_ranges(self.path, ranges)
+
+    def slice(self, offset: int, length: int) -> BlobSlice:
+        """The bytes ``[offset, offset + length)`` as a Blob of their own (offset 0 = the
+        first of them): a record inside a container file read by a parser of whole files."""
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise TruncatedError(
+                f"{self.name}: slice {offset}+{length} beyond the file's {self.size} bytes"
+            )
+        return BlobSlice(self, offset, length)
+
     def open(self, **kwargs: Any):
         """A seekable file object (for zipfile/h5py); reads are counted."""
         return CountingFile(self.storage, self.storage.fs.open(self.path, "rb", **kwargs))
+
+
+class BlobSlice(Blob):
+    """A byte range of a Blob read as a file: offsets are relative to its start and no read
+    leaves it. ``path`` stays the container's (spans and errors name the real file)."""
+
+    def __init__(self, parent: Blob, offset: int, length: int):
+        super().__init__(parent.storage, parent.path, length)
+        self.base = offset
+        self.parent = parent
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "base": self.base, "parent": self.parent}
+
+    def head(self, n: int = HEAD_BLOCK) -> bytes:
+        if n <= HEAD_BLOCK:
+            with self._lock:
+                if self._head is None:
+                    self._head = self.parent.read(self.base, min(HEAD_BLOCK, self.size))
+            return self._head[:n]
+        return self.read(0, min(n, self.size))
+
+    def read(self, offset: int, length: int) -> bytes:
+        end = offset + length
+        if offset < 0 or length < 0 or end > self.size:
+            raise TruncatedError(
+                f"{self.name}@{self.base}: needs bytes {offset}..{end} of a {self.size}-byte record"
+            )
+        if end <= HEAD_BLOCK and (self._head is not None or self.size <= HEAD_BLOCK):
+            return self.head(HEAD_BLOCK)[offset:end]
+        return self.parent.read(self.base + offset, length)
+
+    def read_ranges(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        for a, b in ranges:
+            if a < 0 or b < a or b > self.size:
+                raise TruncatedError(f"{self.name}@{self.base}: range {a}..{b} outside the record")
+        return self.parent.read_ranges([(a + self.base, b + self.base) for a, b in ranges])
+
+    def open(self, **kwargs: Any):
+        raise NotImplementedError("a Blob slice has no file object; read it by ranges")
 
 
 class CountingFile:

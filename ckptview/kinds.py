@@ -32,3 +32,15 @@ def guess_kind(name: str) -> str:
         if pattern.search(name):
             return kind
     return "model"
+
+
+_OPTIMIZER = re.compile(
+    r"_(moment\d*|velocity|beta\d_pow_acc|mean_square|mean_grad|squared|linear|inf_norm"
+    r"|avg_squared_grad|avg_squared_update|fp32_master|master)_\d+$"
+    r"|^learning_rate_\d+$|@LR_DECAY_COUNTER@|^global_step$"
+)
+
+
+def paddle_kind(name: str) -> str:
+    """A Paddle variable's kind: accumulators and the learning rate are optimizer state."""
+    return "optimizer" if _OPTIMIZER.search(name) else guess_kind(name)

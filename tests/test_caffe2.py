@@ -18,10 +18,11 @@ from conftest import corpus_path, ground_truth
 
 import ckptview as cv
 from ckptview.codecs.base import PartialRead
-from ckptview.codecs.caffe2 import Caffe2Codec, sniff
+from ckptview.codecs.caffe2 import Caffe2Codec
+from ckptview.formats.minidb import sniff
+from ckptview.formats.protobuf import encode_varint as varint
 from ckptview.io import Storage
 from ckptview.layouts.caffe2 import Caffe2Layout, parse_name
-from ckptview.protobuf import encode_varint as varint
 from ckptview.tree import Tree
 
 GT = "caffe2/ground_truth.json"

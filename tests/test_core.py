@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 
 import ckptview as cv
-from ckptview import protobuf, registry
+from ckptview import registry
 from ckptview.codecs.base import Codec
 from ckptview.demo import write_demo
 from ckptview.dtypes import dtype_name, itemsize, np_dtype
+from ckptview.formats import protobuf
 from ckptview.io import Storage, TruncatedError
 from ckptview.layouts.base import Layout
 from ckptview.model import FileRef, SerialInfo, Span, TreeScan, VarInfo
@@ -280,7 +281,7 @@ def test_variables_columns_and_dtypes(demo_catalog):
 def test_protobuf_encoder_matches_the_documented_encoding():
     """protobuf.dev "Encoding": field 1 = 150 is ``08 96 01``; 300 is ``ac 02``; int64 -1 is
     ten bytes ``ff … ff 01``; and the decoder reads the encoder's output back."""
-    from ckptview.protobuf import decode, encode_field, encode_varint, signed
+    from ckptview.formats.protobuf import decode, encode_field, encode_varint, signed
 
     assert encode_field(1, 150) == bytes.fromhex("089601")
     assert encode_varint(300) == bytes.fromhex("ac02")

@@ -13,7 +13,7 @@ import pytest
 from conftest import corpus_path, ground_truth
 
 import ckptview as cv
-from ckptview.codecs.orbax import OcdbtIndex
+from ckptview.formats.ocdbt import OcdbtIndex
 from ckptview.io import Storage
 from ckptview.layouts.orbax import STEP_RE, OrbaxLayout
 from ckptview.tree import Tree

@@ -13,10 +13,10 @@ import pytest
 from conftest import corpus_path, ground_truth
 
 import ckptview as cv
-from ckptview.codecs.paddle import program_dtypes
+from ckptview.formats.paddle_desc import program_dtypes
+from ckptview.formats.protobuf import encode_varint as varint
 from ckptview.io import Storage
 from ckptview.layouts.paddle import ctime_stamp
-from ckptview.protobuf import encode_varint as varint
 
 GT = "paddle/ground_truth.json"
 STREAM_FORMATS = ("lod_tensor", "selected_rows", "save_combine")
@@ -462,7 +462,7 @@ def test_lookup_table_listing_reads_the_row_count_not_the_rows(tmp_path):
 def test_row_index_pickles_without_its_values(tmp_path):
     import pickle
 
-    from ckptview.codecs.paddle import RowIndex
+    from ckptview.formats.paddle_stream import RowIndex
 
     rows = np.arange(5000)
     path = write(

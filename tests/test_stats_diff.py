@@ -16,7 +16,7 @@ from conftest import corpus_path, ground_truth
 
 import ckptview as cv
 from ckptview.engine.diff import aligned
-from ckptview.protobuf import encode_varint as _varint
+from ckptview.formats.protobuf import encode_varint as _varint
 
 # -- a plain-numpy Paddle LoDTensor reader/writer (spec: paddle.md §1) ---------------------------
 PADDLE_DTYPES = {0: "bool", 1: "<i2", 2: "<i4", 3: "<i8", 4: "<f2", 5: "<f4", 6: "<f8",

@@ -19,8 +19,9 @@ from conftest import corpus_path, ground_truth
 
 import ckptview as cv
 from ckptview.codecs import tf as tfc
+from ckptview.formats import sstable, tf_bundle
+from ckptview.formats.protobuf import encode_varint as _varint
 from ckptview.io import Storage
-from ckptview.protobuf import encode_varint as _varint
 
 TF_GT = "tf_orbax/tf/ground_truth.json"
 MODERN_GT = "modern/ground_truth.json"
@@ -174,13 +175,13 @@ def _table(entries: list[tuple[bytes, bytes]], snappy: bool = False) -> bytes:
             block, kind = bytes(cramjam.snappy.compress_raw(block)), 1
         handle = _varint(len(out)) + _varint(len(block))
         out.extend(block + bytes([kind]))
-        out.extend(struct.pack("<I", _mask(tfc.crc32c(block + bytes([kind])))))
+        out.extend(struct.pack("<I", _mask(sstable.crc32c(block + bytes([kind])))))
         return handle
 
     data = put(_block(entries), snappy)
     meta = put(_block([]))
     index = put(_block([(entries[-1][0] + b"\xff", data)]))
-    footer = (meta + index).ljust(40, b"\0") + struct.pack("<Q", tfc.TABLE_MAGIC)
+    footer = (meta + index).ljust(40, b"\0") + struct.pack("<Q", sstable.TABLE_MAGIC)
     return bytes(out + footer)
 
 
@@ -225,11 +226,11 @@ def _write_bundle(root: Path, prefix: str, entries, data: bytes | list[bytes], *
 
 
 def test_ordered_code_by_hand():
-    assert tfc.signed_num_increasing(b"\x85", 0) == (5, 1)
-    assert tfc.signed_num_increasing(b"\x7f", 0) == (-1, 1)
-    assert tfc.signed_num_increasing(b"\xc0\x64", 0) == (100, 2)  # len 2: 0xc000 ^ 100
-    assert tfc.signed_num_increasing(b"\x3f\x9b", 0) == (-101, 2)  # ~(-101) = 100, inverted
-    assert tfc.decode_slice_key(_slice_key(b"a\x00b", [(2, 3), (0, -1)])) == (
+    assert tf_bundle.signed_num_increasing(b"\x85", 0) == (5, 1)
+    assert tf_bundle.signed_num_increasing(b"\x7f", 0) == (-1, 1)
+    assert tf_bundle.signed_num_increasing(b"\xc0\x64", 0) == (100, 2)  # len 2: 0xc000 ^ 100
+    assert tf_bundle.signed_num_increasing(b"\x3f\x9b", 0) == (-101, 2)  # ~(-101) = 100, inverted
+    assert tf_bundle.decode_slice_key(_slice_key(b"a\x00b", [(2, 3), (0, -1)])) == (
         "a\x00b",
         ((2, 3), (0, -1)),
     )

@@ -7,7 +7,7 @@ so its values are read without h5py, straight from the file (also inside a ``.ke
 whose member is stored uncompressed).
 
 libhdf5 can crash the whole process on a corrupt file, so every h5py call runs in one reused
-child process (:mod:`._h5worker`) that asks this process for the file's bytes: the reads are
+child process (:mod:`ckptview.formats.hdf5`) that asks this process for the file's bytes: the reads are
 counted and cached as usual. When the child dies, the file becomes an error row ("HDF5
 library crashed reading this file") and the next file gets a fresh child.
 """
@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from ..dtypes import dtype_name, np_dtype
+from ..formats import hdf5 as wire
+from ..formats.zipdir import STORED, Seen, locate, read_directory
 from ..io import HEAD_BLOCK, Blob
 from ..kinds import guess_kind
 from ..model import Span, VarInfo
-from . import _h5worker as wire
-from ._zip import STORED, Seen, locate, read_directory
 from .base import Codec, CodecTier
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"

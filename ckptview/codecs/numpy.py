@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import dtype_name
+from ..formats.zipdir import DEFLATED, STORED, ZipEntry, locate, read_directory
+from ..formats.zipdir import read as zip_read
 from ..io import Blob, TruncatedError
 from ..model import Span, VarInfo
-from ._zip import DEFLATED, STORED, ZipEntry, locate, read_directory
-from ._zip import read as zip_read
 from .base import Codec, CodecTier
 
 MAGIC = b"\x93NUMPY"

@@ -1,6 +1,6 @@
 """TensorFlow tensor bundles (TF2 ``tf.train.Checkpoint``, TF1 Saver V2): ``P.index`` + ``P.data-*``.
 
-``P.index`` is a LevelDB table (read by hand in :mod:`._sstable`) mapping each key to a
+``P.index`` is a LevelDB table (read by hand in :mod:`ckptview.formats.sstable`) mapping each key to a
 BundleEntryProto; the values live raw in ``P.data-SSSSS-of-NNNNN``. Listing reads the
 ``.index`` only (plus the data files' sizes).
 """
@@ -8,201 +8,36 @@ BundleEntryProto; the values live raw in ``P.data-SSSSS-of-NNNNN``. Listing read
 from __future__ import annotations
 
 import posixpath
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import protobuf as pb
 from ..dtypes import np_dtype
+from ..formats import protobuf as pb
+from ..formats.sstable import FormatError, TableFile
+from ..formats.tf_bundle import (
+    DT_STRING,
+    OBJECT_GRAPH_KEY,
+    TF_DTYPES,
+    BundleEntry,
+    data_path,
+    decode_entry,
+    decode_header,
+    decode_slice_key,
+    object_graph_names,
+    read_strings,
+)
 from ..io import Blob, Storage
 from ..kinds import guess_kind
 from ..model import HintsLike, Span, TFHints, VarInfo
-from ._sstable import (  # noqa: F401 - FormatError, crc32c, TABLE_MAGIC: also public here
-    TABLE_MAGIC,
-    FormatError,
-    TableFile,
-    crc32c,
-)
-from .base import Codec, CodecTier
+from .base import Codec, CodecTier, read_span
 
-OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 OBJECT_GRAPH_LIMIT = 16 << 20
 
 #: DataType enum -> (numpy name, TF name when it differs)
-TF_DTYPES: dict[int, tuple[str, str | None]] = {
-    1: ("float32", None), 2: ("float64", None), 3: ("int32", None), 4: ("uint8", None),
-    5: ("int16", None), 6: ("int8", None), 7: ("object", "string"), 8: ("complex64", None),
-    9: ("int64", None), 10: ("bool", None), 11: ("int8", "qint8"), 12: ("uint8", "quint8"),
-    13: ("int32", "qint32"), 14: ("bfloat16", None), 15: ("int16", "qint16"),
-    16: ("uint16", "quint16"), 17: ("uint16", None), 18: ("complex128", None),
-    19: ("float16", None), 20: ("object", "resource"), 21: ("object", "variant"),
-    22: ("uint32", None), 23: ("uint64", None), 24: ("float8_e5m2", None),
-    25: ("float8_e4m3fn", None), 26: ("float8_e4m3fnuz", None), 27: ("float8_e4m3b11fnuz", None),
-    28: ("float8_e5m2fnuz", None), 29: ("int4", None), 30: ("uint4", None),
-    33: ("float4_e2m1fn", None),
-}  # fmt: skip
-DT_STRING = 7
-
-
-# -- OrderedCode slice keys ("EncodeTensorNameSlice") -----------------------------------------
-_LENGTH_TO_MASK = [0, 0x80, 0xC000, 0xE00000, 0xF0000000, 0xF800000000, 0xFC0000000000,
-                   0xFE000000000000, 0xFF00000000000000, 0x8000000000000000, 0]  # fmt: skip
-
-
-def _num_increasing(key: bytes, pos: int) -> tuple[int, int]:
-    if pos >= len(key) or key[pos] > 8 or pos + 1 + key[pos] > len(key):
-        raise FormatError("bad OrderedCode number")
-    n = key[pos]
-    return int.from_bytes(key[pos + 1 : pos + 1 + n], "big"), pos + 1 + n
-
-
-def _string(key: bytes, pos: int) -> tuple[bytes, int]:
-    out = bytearray()
-    while pos + 1 < len(key):
-        b, nxt = key[pos], key[pos + 1]
-        if b == 0x00 and nxt == 0x01:
-            return bytes(out), pos + 2
-        if b in (0x00, 0xFF):
-            if nxt != (0xFF if b == 0x00 else 0x00):
-                raise FormatError("bad OrderedCode string escape")
-            out.append(b)
-            pos += 2
-        else:
-            out.append(b)
-            pos += 1
-    raise FormatError("unterminated OrderedCode string")
-
-
-def signed_num_increasing(key: bytes, pos: int) -> tuple[int, int]:
-    """Decode OrderedCode ``WriteSignedNumIncreasing`` (1..10 bytes) at ``pos``."""
-    if pos >= len(key):
-        raise FormatError("truncated OrderedCode signed number")
-    xor = 0xFF if not key[pos] & 0x80 else 0
-    first = key[pos] ^ xor
-    if first != 0xFF:
-        length = 7 - ((first ^ 0xFF).bit_length() - 1)
-        if pos + length > len(key):
-            raise FormatError("truncated OrderedCode signed number")
-        x = int.from_bytes(key[pos : pos + length], "big")
-        if xor:
-            x |= ((1 << 64) - 1) ^ ((1 << (8 * length)) - 1)
-    else:
-        length = 8
-        if pos + 2 > len(key):
-            raise FormatError("truncated OrderedCode signed number")
-        second = key[pos + 1] ^ xor
-        if second >= 0x80:
-            if second < 0xC0:
-                length = 9
-            elif second == 0xC0 and pos + 2 < len(key) and key[pos + 2] ^ xor < 0x80:
-                length = 10
-            else:
-                raise FormatError("OrderedCode signed number too long")
-        if pos + length > len(key):
-            raise FormatError("truncated OrderedCode signed number")
-        x = int.from_bytes(key[pos + length - 8 : pos + length], "big")
-    x ^= _LENGTH_TO_MASK[length]
-    return pb.signed(x & ((1 << 64) - 1)), pos + length
-
-
-def decode_slice_key(key: bytes) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """(tensor name, ((start, length or -1 for full), …)) of a partitioned tensor's slice key."""
-    zero, pos = _num_increasing(key, 0)
-    if zero != 0:
-        raise FormatError("slice key does not start with 0")
-    name, pos = _string(key, pos)
-    rank, pos = _num_increasing(key, pos)
-    extents = []
-    for _ in range(rank):
-        start, pos = signed_num_increasing(key, pos)
-        length, pos = signed_num_increasing(key, pos)
-        extents.append((start, length))
-    return name.decode("utf-8", "replace"), tuple(extents)
 
 
 # -- protos --------------------------------------------------------------------------------
-@dataclass
-class BundleEntry:
-    """A decoded BundleEntryProto."""
-
-    dtype: int
-    shape: tuple[int, ...]
-    shard_id: int
-    offset: int
-    size: int
-    crc32c: int | None
-    slices: list[tuple[tuple[int, int], ...]]
-
-
-def _shape(buf) -> tuple[int, ...]:
-    fields = pb.decode(buf)
-    if fields.get(3) and fields[3][-1]:
-        raise FormatError("tensor of unknown rank")
-    dims = []
-    for dim in fields.get(2, []):
-        size = pb.signed(pb.decode(dim).get(1, [0])[-1])
-        if size < 0:
-            raise FormatError("tensor with an unknown dimension")
-        dims.append(size)
-    return tuple(dims)
-
-
-def _slice(buf, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    extents = []
-    for ext in pb.decode(buf).get(1, []):
-        f = pb.decode(ext)
-        start = pb.signed(f.get(1, [0])[-1])
-        extents.append((start, pb.signed(f[2][-1]) if 2 in f else -1))
-    if len(extents) != len(shape):
-        raise FormatError("slice rank differs from the tensor's")
-    return tuple(extents)
-
-
-def decode_entry(value) -> BundleEntry:
-    f = pb.decode(value)
-    shape = _shape(f[2][-1]) if 2 in f else ()
-    crc = f.get(6)
-    return BundleEntry(
-        dtype=f.get(1, [0])[-1],
-        shape=shape,
-        shard_id=pb.signed(f.get(3, [0])[-1]),
-        offset=pb.signed(f.get(4, [0])[-1]),
-        size=pb.signed(f.get(5, [0])[-1]),
-        crc32c=struct.unpack("<I", crc[-1])[0] if crc else None,
-        slices=[_slice(s, shape) for s in f.get(7, [])],
-    )
-
-
-def decode_header(value) -> tuple[int, bool]:
-    """(num_shards, big_endian) from a BundleHeaderProto."""
-    f = pb.decode(value)
-    return pb.signed(f.get(1, [0])[-1]), f.get(2, [0])[-1] == 1
-
-
-def object_graph_names(graph: bytes) -> dict[str, dict]:
-    """checkpoint_key -> {full_name, slot_name?, original_key?} from a TrackableObjectGraph."""
-    nodes = [pb.decode(n) for n in pb.decode(graph).get(1, [])]
-    keys: dict[int, str] = {}
-    out: dict[str, dict] = {}
-    for i, node in enumerate(nodes):
-        for attr in node.get(2, []):
-            a = pb.decode(attr)
-            key = pb.string(a.get(3, []))
-            if key and pb.string(a.get(1, [])) == "VARIABLE_VALUE":
-                keys[i] = key
-            if key:
-                out.setdefault(key, {"full_name": pb.string(a.get(2, []))})
-    for node in nodes:
-        for ref in node.get(3, []):
-            r = pb.decode(ref)
-            slot_key = keys.get(r.get(3, [-1])[-1])
-            if slot_key in out:
-                out[slot_key]["slot_name"] = pb.string(r.get(2, []))
-                original = keys.get(r.get(1, [-1])[-1])
-                if original:
-                    out[slot_key]["original_key"] = original
-    return out
 
 
 # -- values ----------------------------------------------------------------------------------
@@ -220,27 +55,6 @@ class _Sliced:
     pieces: list[tuple[tuple[tuple[int, int], ...], VarInfo]]
 
 
-def read_strings(storage: Storage, span: Span, shape: tuple[int, ...]) -> np.ndarray:
-    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    data = storage.read_range(span.path, span.offset, span.offset + span.length)
-    if len(data) < span.length:
-        raise FormatError(f"{posixpath.basename(span.path)} ends early")
-    if numel > len(data):
-        raise FormatError(f"{numel} strings cannot fit in {len(data)} bytes")
-    pos, lengths = 0, []
-    for _ in range(numel):
-        n, pos = pb.read_varint(data, pos)
-        lengths.append(n)
-    pos += 4  # masked crc32c of the lengths
-    if pos + sum(lengths) != len(data):
-        raise FormatError("string lengths do not add up to the entry's size")
-    out = np.empty(numel, dtype=object)
-    for i, n in enumerate(lengths):
-        out[i] = data[pos : pos + n]
-        pos += n
-    return out.reshape(shape)
-
-
 def _read(storage: Storage, var: VarInfo) -> np.ndarray:
     loc = var.locator
     if isinstance(loc, _Strings):
@@ -254,15 +68,10 @@ def _read(storage: Storage, var: VarInfo) -> np.ndarray:
         return out
     if var.span is None:
         raise NotImplementedError(f"{var.name}: cannot read {var.attrs.get('tf_dtype')} tensors")
-    from .base import read_span
-
     return read_span(storage, var)
 
 
 # -- the codec -----------------------------------------------------------------------------
-def data_path(index_path: str, shard: int, num_shards: int) -> str:
-    prefix = index_path[: -len(".index")] if index_path.endswith(".index") else index_path
-    return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
 
 
 def tf_kind(key: str, slot: bool = False) -> str:

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import np_dtype
-from ..formats.pickle import Record, TorchDtype, load_pickle
-from ..formats.torch_pickle import open_torch
-from ..io import Blob, Storage, TruncatedError
+from ..formats.pickle import Record, TensorRef, TorchDtype, load_pickle
+from ..formats.torch_pickle import leaves, open_torch, read_tensor
+from ..io import Blob, Storage
 from ..model import VarInfo
 from .base import Codec, CodecTier
 
@@ -171,34 +171,10 @@ def _prod(shape: tuple[int, ...]) -> int:
 
 
 # -- chunk reading ----------------------------------------------------------------------------
-class _WindowStorage:
-    """A Storage seen through a window: reads of ``path`` are shifted by ``base``."""
-
-    def __init__(self, storage: Storage, path: str, base: int):
-        self._storage, self._path, self._base = storage, path, base
-        self.counters = storage.counters
-        self.fs = storage.fs
-
-    def _shift(self, path: str, a: int, b: int) -> tuple[int, int]:
-        return (a + self._base, b + self._base) if path == self._path else (a, b)
-
-    def read_range(self, path: str, start: int, end: int) -> bytes:
-        return self._storage.read_range(path, *self._shift(path, start, end))
-
-    def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
-        return self._storage.read_ranges(path, [self._shift(path, a, b) for a, b in ranges])
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._storage, name)
-
-
 def _slice(storage: Storage, root: str, chunk: Chunk) -> Blob:
     """The chunk's byte range as a Blob of its own (offset 0 = the chunk's first byte)."""
     path = posixpath.join(root, chunk.file)
-    size = storage.info(path)["size"]
-    if chunk.offset < 0 or chunk.offset + chunk.length > size:
-        raise TruncatedError(f"{chunk.file}: item at {chunk.offset}+{chunk.length} beyond {size}")
-    return Blob(_WindowStorage(storage, path, chunk.offset), path, chunk.length)  # type: ignore[arg-type]
+    return storage.blob(path).slice(chunk.offset, chunk.length)
 
 
 def _chunk_values(storage: Storage, root: str, chunk: Chunk, dt: np.dtype) -> np.ndarray:
@@ -208,14 +184,12 @@ def _chunk_values(storage: Storage, root: str, chunk: Chunk, dt: np.dtype) -> np
         if chunk.length != want:
             raise ValueError(f"{chunk.file}: item of {chunk.length} bytes, tensor needs {want}")
         return np.frombuffer(blob.read(0, want), dtype=dt).reshape(chunk.sizes)
-    from ..registry import get_codec
-
-    codec = get_codec("torch")
-    found = [v for v in codec.list_variables(blob, {}) if v.error is None]
-    tensors = [v for v in found if v.name == ""] or found
+    saved = open_torch(blob)  # a torch.save'd tensor, read as a file of its own
+    found = [(name, t) for name, t in leaves(saved.obj) if isinstance(t, TensorRef)]
+    tensors = [t for name, t in found if name == ""] or [t for _, t in found]
     if len(tensors) != 1:
         raise ValueError(f"{chunk.file}@{chunk.offset}: expected one tensor, found {len(found)}")
-    arr = np.asarray(codec.read(blob, tensors[0]))
+    arr = read_tensor(blob, tensors[0], saved.records, saved.big_endian)
     if tuple(arr.shape) != tuple(chunk.sizes):
         raise ValueError(f"chunk shape {arr.shape} != {chunk.sizes}")
     return arr.astype(dt, copy=False)

@@ -23,6 +23,7 @@ import numpy as np
 from ..dtypes import np_dtype
 from ..io import Blob
 from ..model import HintsLike, PaddleHints, VarInfo
+from .paddle_desc import program_dtypes
 from .pickle import ArrayRef, flatten
 from .pickle_vars import array_var, read_locator, value_var
 from .torch_pickle import LEGACY_MAGIC
@@ -90,10 +91,6 @@ def load_program_dtypes(blob: Blob, hints: HintsLike) -> dict[str, str]:
     dtypes = dict(hints.dtypes or {})
     program = hints.program
     if program and not dtypes:
-        try:
-            from ..codecs.paddle import program_dtypes  # TODO(helper A): formats.paddle_desc
-        except ImportError:  # pragma: no cover - the paddle codec ships with ckptview
-            return dtypes
         try:
             dtypes = program_dtypes(blob.storage, program)
         except Exception:  # noqa: BLE001 - a broken program leaves the uint16 rule

@@ -34,7 +34,17 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs._zip import (
+from ..dtypes import np_dtype
+from ..io import HEAD_BLOCK, Blob, TruncatedError
+from .pickle import (
+    RestrictedUnpicklingError,
+    StorageRef,
+    StorageType,
+    TensorRef,
+    Unpickler,
+    flatten,
+)
+from .zipdir import (
     DEFAULT_ALIGNMENT,
     Directory,
     ZipEntry,
@@ -46,17 +56,7 @@ from ..codecs._zip import (
     read_members,
     read_ranges,
 )
-from ..codecs._zip import read as zip_read
-from ..dtypes import np_dtype
-from ..io import HEAD_BLOCK, Blob, TruncatedError
-from .pickle import (
-    RestrictedUnpicklingError,
-    StorageRef,
-    StorageType,
-    TensorRef,
-    Unpickler,
-    flatten,
-)
+from .zipdir import read as zip_read
 
 ZIP_MAGIC = b"PK\x03\x04"
 LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
@@ -92,7 +92,7 @@ def leaves(obj: Any) -> list[tuple[str, Any]]:
 
 # -- zip directory ----------------------------------------------------------------------------
 def zip_entries(blob: Blob) -> Directory:
-    """The archive's members from its central directory (see :mod:`._zip`)."""
+    """The archive's members from its central directory (see :mod:`.zipdir`)."""
     return read_directory(blob)
 
 
@@ -290,7 +290,7 @@ def _legacy_records(u: Unpickler, blob: Blob, keys: list, storages: dict) -> dic
             raise TruncatedError(f"storage {key} ends at {pos}, beyond {blob.size} bytes")
     held = [u.src.cached(at, 8) for at in where]
     todo = [i for i, raw in enumerate(held) if raw is None]
-    got = blob.storage.read_ranges(blob.path, [(where[i], where[i] + 8) for i in todo])
+    got = blob.read_ranges([(where[i], where[i] + 8) for i in todo])
     fetched = dict(zip(todo, got, strict=True))
     counts = [raw if raw is not None else fetched[i] for i, raw in enumerate(held)]
     for key, raw in zip(keys, counts, strict=True):

@@ -15,7 +15,7 @@ import posixpath
 import re
 import weakref
 
-from ..codecs.caffe2 import sniff
+from ..formats.minidb import sniff
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier

@@ -9,7 +9,7 @@ import re
 import time
 from datetime import datetime, timezone
 
-from ..codecs.paddle import paddle_kind
+from ..kinds import paddle_kind
 from ..model import FileRef, PaddleHints, SerialInfo, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier, single_serial_refusal

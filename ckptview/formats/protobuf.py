@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import struct
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+import numpy as np
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
@@ -60,6 +63,7 @@ def iter_fields(buf: bytes | memoryview):
     while pos < n:
         key, pos = read_varint(mv, pos)
         field, wire = key >> 3, key & 7
+        value: int | bytes | memoryview
         if field == 0:
             raise DecodeError("field number 0")
         if wire == VARINT:
@@ -80,6 +84,39 @@ def iter_fields(buf: bytes | memoryview):
         else:
             raise DecodeError(f"unsupported wire type {wire}")
         yield field, wire, value
+
+
+def walk(
+    get: Callable[[int, int], bytes], start: int, end: int
+) -> Iterator[tuple[int, int, int, int]]:
+    """Fields of the message at file offsets ``[start, end)``, read through ``get(offset, n)``
+    (a :class:`~.cursor.Window`): (field, wire, value, offset) each; for LEN and fixed fields
+    ``value`` is the length and ``offset`` where the bytes start (they are not read)."""
+
+    def varint_at(pos: int) -> tuple[int, int]:
+        value, used = read_varint(get(pos, min(10, end - pos)), 0)
+        return value, pos + used
+
+    pos = start
+    while pos < end:
+        key, pos = varint_at(pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise DecodeError(f"field number 0 at offset {pos}")
+        if wire == VARINT:
+            value, pos = varint_at(pos)
+            yield number, wire, value, pos
+            continue
+        if wire == LEN:
+            length, pos = varint_at(pos)
+        elif wire in (I64, I32):
+            length = 8 if wire == I64 else 4
+        else:
+            raise DecodeError(f"unsupported wire type {wire} at offset {pos}")
+        if length > end - pos:
+            raise DecodeError(f"field {number} claims {length} bytes, {end - pos} left")
+        yield number, wire, length, pos
+        pos += length
 
 
 def decode(buf: bytes | memoryview) -> dict[int, list]:
@@ -111,6 +148,25 @@ def varints(values: list) -> list[int]:
     return out
 
 
+def varint_array(buf: bytes | memoryview) -> np.ndarray:
+    """A packed run of varints as int64 (two's complement), decoded with numpy at once."""
+    b = np.frombuffer(buf, np.uint8)
+    if b.size == 0:
+        return np.empty(0, np.int64)
+    if b[-1] & 0x80:
+        raise DecodeError("truncated packed varint")
+    if not (b & 0x80).any():
+        return b.astype(np.int64)
+    ends = np.flatnonzero(b < 0x80)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if lengths.max() > 10:
+        raise DecodeError("varint too long")
+    shift = (np.arange(b.size) - np.repeat(starts, lengths)) * 7
+    parts = (b & 0x7F).astype(np.uint64) << shift.astype(np.uint64)
+    return np.add.reduceat(parts, starts).view(np.int64)
+
+
 def string(values: list, default: str = "") -> str:
     """The last value of a string field, decoded as UTF-8."""
     return bytes(values[-1]).decode("utf-8", "replace") if values else default
@@ -119,7 +175,7 @@ def string(values: list, default: str = "") -> str:
 def fixed(values: list, fmt: str) -> list:
     """A repeated fixed-width field (``fmt`` a struct code like '<f'), packed or not."""
     size = struct.calcsize(fmt)
-    out = []
+    out: list = []
     for v in values:
         b = bytes(v)
         if len(b) % size:

@@ -15,6 +15,8 @@ import pickle
 import struct
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 HEAD_BLOCK = 4096  # ckptview.io.HEAD_BLOCK: block 0 is the parent's cached head
 BLOCK = 1 << 16  # HDF5 metadata reads are small: fetch aligned blocks, each once
@@ -258,14 +260,14 @@ def serve() -> None:
             raise OSError(reply[1])
         return reply[1]
 
-    handlers = {"list": list_datasets, "read": read_dataset}
+    handlers: dict[str, Callable[..., Any]] = {"list": list_datasets, "read": read_dataset}
     while True:
         try:
             request = recv(rf)
         except EOFError:
             return
         try:
-            result = ("ok", handlers[request[0]](*request[1:], fetch=fetch))
+            result: tuple = ("ok", handlers[request[0]](*request[1:], fetch=fetch))
         except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it
             result = ("err", type(e).__name__, str(e)[:1000])
         send(wf, result)

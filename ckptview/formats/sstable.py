@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from .. import protobuf as pb
 from ..io import Blob
+from . import protobuf as pb
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48

@@ -53,7 +53,7 @@ class ZipEntry:
         return self.filename.endswith("/")
 
 
-class Directory(dict):
+class Directory(dict[str, ZipEntry]):
     """name -> :class:`ZipEntry`, in directory order; ``cd_start``: where the central directory
     begins (the end of the last record)."""
 
@@ -108,7 +108,7 @@ def read_ranges(blob: Blob, ranges: list[tuple[int, int]], seen: Seen | None = N
         todo.append((a, b))
         where.append(i)
     if todo:
-        got = blob.storage.read_ranges(blob.path, todo)
+        got = blob.read_ranges(todo)
         for i, (a, b), data in zip(where, todo, got, strict=True):
             if len(data) < b - a:
                 raise TruncatedError(f"{blob.name}: the file ended while reading it")
@@ -275,7 +275,7 @@ def packed(directory: Directory, alignment: int = DEFAULT_ALIGNMENT) -> set[str]
     where the directory says the next record (or the directory) starts, past a data descriptor
     when the record has one: what PyTorchStreamWriter writes. A record written otherwise
     (another extra field, compression, a gap) fails the test."""
-    order = sorted(directory.values(), key=lambda e: e.header_offset)
+    order: list[ZipEntry] = sorted(directory.values(), key=lambda e: e.header_offset)
     ends = [e.header_offset for e in order[1:]] + [directory.cd_start]
     out = set()
     for e, nxt in zip(order, ends, strict=True):
