@@ -76,9 +76,24 @@ def test_parse_name(stem, serial, step, epoch):
     assert (p.serial, p.step, p.epoch) == (serial, step, epoch)
 
 
-@pytest.mark.parametrize("stem", ["fc1_weight", "model_protocol2", "model-00001-of-00002", "last"])
+@pytest.mark.parametrize(
+    "stem",
+    ["fc1_weight", "model_protocol2", "model-00001-of-00002", "last",
+     # version digits name the writer, not a serial
+     "mnist-cnn-pt1.9.1", "mnist-cnn-pt2.5.1", "model-v1.2", "weights-1.13.0", "bert_tf2.15"],
+)  # fmt: skip
 def test_names_without_a_serial(stem):
     assert parse_name(stem) is None
+
+
+def test_version_digits_are_not_serials(tmp_path):
+    """Two files differing by the framework version in their names are one tree of files, not
+    serials 1 and 2 (``../shared/wild``'s ``mnist-cnn-pt1.9.1.pt``/``-pt2.5.1.pt``)."""
+    np.save(tmp_path / "mnist-np1.26.4.npy", np.arange(3))
+    np.save(tmp_path / "mnist-np2.0.1.npy", np.arange(4))
+    cat = cv.open(tmp_path)
+    assert cat.layout == "files" and list(cat.serials.index) == [0]
+    assert sorted(cat.variables["shape"]) == [(3,), (4,)]
 
 
 def test_mixed_names_and_unnumbered_files(tmp_path):

@@ -116,6 +116,22 @@ def test_object_array_is_refused_never_unpickled(tmp_path):
     np.savez(tmp_path / "obj.npz", ok=np.arange(2), bad=np.array([1, "x"], dtype=object))
     v = cv.open(tmp_path / "obj.npz").variables.set_index("name")
     assert pd.isna(v.loc["ok", "error"]) and "pickle" in v.loc["bad", "error"]
+    # listed with the shape its header states (2 elements each), never read
+    assert v.loc["bad", "shape"] == (2,) and v.loc["bad", "dtype"] == "object"
+    assert cv.open(tmp_path / "obj.npy").variables["shape"].iloc[0] == (2,)
+
+
+def test_python2_header_with_long_integers(tmp_path):
+    """Python 2's numpy wrote ``repr`` of longs: ``'shape': (2L, 3L)``."""
+    header = b"{'descr': '<f8', 'fortran_order': False, 'shape': (2L, 3L), }"
+    header += b" " * (-(10 + len(header) + 1) % 64) + b"\n"
+    data = np.arange(6, dtype="<f8").tobytes()
+    raw = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + data
+    (tmp_path / "py2.npy").write_bytes(raw)
+    cat = cv.open(tmp_path / "py2.npy")
+    row = cat.variables.iloc[0]
+    assert row["shape"] == (2, 3) and row["dtype"] == "float64" and pd.isna(row["error"])
+    assert cat.read("py2.npy").tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
 def test_zero_random_and_truncated(tmp_path):

@@ -1,6 +1,7 @@
 """NumPy ``.npy`` (NEP 1, versions 1-3) and ``.npz`` (a zip of ``.npy`` members).
 
-Headers are parsed with ``ast.literal_eval`` (never a pickle); object arrays are refused.
+Headers are parsed with ``ast.literal_eval`` (never a pickle); object arrays are listed with
+their shape and an error row (their values are a pickle, never run).
 Stored npz members are Spans at offsets computed from their local zip headers; deflated
 members are inflated by streaming, and listing inflates only the first bytes of each.
 """
@@ -8,6 +9,7 @@ members are inflated by streaming, and listing inflates only the first bytes of 
 from __future__ import annotations
 
 import ast
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -23,6 +25,8 @@ from ..model import Span, VarInfo
 from .base import Codec, CodecTier
 
 MAGIC = b"\x93NUMPY"
+PY2_LONG = re.compile(r"(\d)L\b")
+NEEDS_PICKLE = "object array: its values are a pickle, which ckptview never runs"
 MAX_HEADER = 1 << 20  # numpy itself refuses headers over 10 000 bytes unless told otherwise
 _LOCAL = struct.Struct("<4s5H3L2H")  # zip local file header (30 bytes)
 _INFLATE_STEP = 64 << 10
@@ -74,6 +78,7 @@ def parse_npy_header(prefix: bytes, read_more=None) -> NpyHeader:
         if len(prefix) < fixed + hlen:
             raise ValueError("truncated .npy header")
     text = prefix[fixed : fixed + hlen].decode("utf-8" if major == 3 else "latin1")
+    text = PY2_LONG.sub(r"\1", text)  # Python 2 wrote shapes as (2L,)
     try:
         meta = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError) as e:
@@ -95,13 +100,13 @@ def _descr_dtype(descr: object) -> np.dtype:
         dt = np.dtype(descr)
     except TypeError as e:
         raise ValueError(f"bad .npy descr {descr!r}: {e}") from None
-    if dt.hasobject:
-        raise ValueError("object arrays need pickle, which ckptview never runs")
     return dt
 
 
 def npy_var(name: str, path: str, header: NpyHeader, offset: int | None) -> VarInfo:
     """A VarInfo for a parsed header; ``offset`` is the absolute data offset for a Span."""
+    if header.dtype.hasobject:  # the values are a pickle: listed with their shape, not read
+        return VarInfo(name, "object", header.shape, nbytes=0, error=NEEDS_PICKLE)
     var = VarInfo(name, dtype_name(header.dtype), header.shape, nbytes=header.nbytes)
     var.attrs["descr"] = header.dtype.str
     if header.fortran:
@@ -125,7 +130,7 @@ class NpyCodec(Codec):
         if blob.size == 0:
             raise ValueError("empty file: no .npy header")
         header = parse_npy_header(blob.head(), lambda n: blob.read_upto(0, n))
-        end = header.data_offset + header.nbytes
+        end = header.data_offset + (0 if header.dtype.hasobject else header.nbytes)
         if end > blob.size:
             raise TruncatedError(
                 f"{blob.name}: values need bytes up to {end}, the file has {blob.size}"
@@ -187,7 +192,9 @@ class NpzCodec(Codec):
                 return var
             if info.compress_type == STORED:
                 header = parse_npy_header(peeked, lambda n: _more(blob, start, peeked, n))
-                if header.data_offset + header.nbytes > info.file_size:
+                if not header.dtype.hasobject and (
+                    header.data_offset + header.nbytes > info.file_size
+                ):
                     raise TruncatedError(f"member {info.filename} is shorter than its header says")
                 return npy_var(name, blob.path, header, start + header.data_offset)
             if info.compress_type != DEFLATED:
@@ -198,6 +205,8 @@ class NpzCodec(Codec):
                 return b"".join(pieces)
 
             header = parse_npy_header(inflated(256), inflated)
+            if header.dtype.hasobject:
+                return npy_var(name, blob.path, header, None)
             if header.data_offset + header.nbytes > info.file_size:
                 raise TruncatedError(f"member {info.filename} is shorter than its header says")
             var = npy_var(name, blob.path, header, None)

@@ -196,6 +196,10 @@ DROP_WORDS = STEP_WORDS | GENERIC_WORDS | {"epoch", "epochs", "ep"}  # not kept 
 EPOCH_WORDS = {"epoch", "epochs", "ep"}
 GLUED = re.compile(r"^([a-z]+?)(\d+)$")
 SHARD_RUN = re.compile(r"\d+-of-\d+", re.I)  # a shard number, not a serial
+#: a version, not a serial: ``pt1.9.1``, ``tf2.15``, ``v1.2``, ``1.13.0``
+VERSION = re.compile(
+    r"(?<![\d.])\d+(?:\.\d+){2,}(?![\d.])|(?:(?<=v)|(?<=pt)|(?<=tf))\d+\.\d+(?![\d.])", re.I
+)
 SEP = re.compile(r"[_\-.=\s]+")
 
 
@@ -213,7 +217,7 @@ def parse_name(stem: str) -> Parsed | None:
     """The serial a file stem (name without extension) names, or None."""
     if SHARD_RUN.search(stem):
         return None
-    parts = [p for p in SEP.split(stem.lower()) if p]
+    parts = [p for p in SEP.split(VERSION.sub("", stem.lower())) if p]
     cands: list[tuple[int, str, int, int]] = []  # (rank, keyword, value, part index)
     for i, part in enumerate(parts):
         if part.isdigit():
@@ -246,7 +250,7 @@ def _rank(word: str, bare: bool = False) -> int:
 
 
 # -- management ops: restore and retention ----------------------------------------------
-# Layouts describe changes as a list of Ops; ckptview.journal runs them (journaled, locked,
+# Layouts describe changes as a list of Ops; ckptview.changes runs them (journaled, locked,
 # every write atomic). Paths in ops are relative to the root of the tree being changed.
 
 
