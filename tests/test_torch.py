@@ -10,6 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 from conftest import corpus_path, ground_truth
+from test_deepspeed import Obj, torch_zip
 
 import ckptview as cv
 from ckptview.formats.torch_pickle import LEGACY_MAGIC
@@ -273,3 +274,49 @@ def test_other_zip_writers_read_correct_values(tmp_path):
     variables = codec.list_variables(blob, {})
     assert all(v.locator is None for v in variables)  # exact offsets: nothing left to check
     _check_values(blob, codec, variables, 30)
+
+
+# -- a whole pickled module (torch.save(model)) -------------------------------------------------
+def _module(cls: str, params: dict, children: dict | None = None, buffers: dict | None = None,
+            transient: tuple = ()) -> Obj:  # fmt: skip
+    """What ``torch.save(model)`` pickles for one ``nn.Module``: its class and its __dict__."""
+    state = {
+        "training": True,
+        "_parameters": params,
+        "_buffers": buffers or {},
+        "_non_persistent_buffers_set": list(transient),
+        "_modules": children or {},
+    }
+    return Obj(*cls.rsplit(".", 1), state)
+
+
+def test_whole_pickled_module_lists_its_state_dict(tmp_path):
+    """``torch.save(model)``: the model's classes stand in as inert records (nothing imported
+    or run), its tensors are named as ``model.state_dict()`` names them, and each row names the
+    class it belonged to. Non-persistent buffers are not part of the state dict."""
+    w1, b1 = np.arange(6, dtype=np.float32).reshape(3, 2), np.ones(3, np.float32)
+    w2 = np.full((2, 3), 0.5, np.float32)
+    stats = np.arange(3, dtype=np.float32)
+    model = _module("my_project.models.Net", {}, {
+        "fc1": _module("torch.nn.modules.linear.Linear", {"weight": w1, "bias": b1}),
+        "act": _module("torch.nn.modules.activation.ReLU", {}),
+        "fc2": _module("torch.nn.modules.linear.Linear", {"weight": w2, "bias": None},
+                       buffers={"stats": stats, "scratch": stats}, transient=("scratch",)),
+    })  # fmt: skip
+    (tmp_path / "model.pt").write_bytes(torch_zip(model))
+    cat = cv.open(tmp_path / "model.pt")
+    v = cat.variables.set_index("name")
+    assert list(v.index) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.stats"]
+    assert v["error"].isna().all()
+    assert v.loc["fc1.weight", "shape"] == (3, 2) and v.loc["fc2.stats", "dtype"] == "float32"
+    np.testing.assert_array_equal(cat.read("fc1.weight"), w1)
+    np.testing.assert_array_equal(cat.read("fc2.weight"), w2)
+    assert cat.variable("fc2.weight").attrs["module_class"] == "torch.nn.modules.linear.Linear"
+
+
+def test_functions_stay_refused_in_a_pickled_module(tmp_path):
+    """The inert-class policy is for class names only: a function global is still refused."""
+    evil = _module("my_project.models.Net", {"w": Obj("os", "system", "echo pwned")})
+    (tmp_path / "evil.pt").write_bytes(torch_zip(evil))
+    v = cv.open(tmp_path / "evil.pt").variables
+    assert len(v) == 1 and "refused global os.system" in v["error"].iloc[0]

@@ -21,7 +21,14 @@ import numpy as np
 
 from ..dtypes import np_dtype
 from ..formats.pickle_vars import leaf_var, read_locator
-from ..formats.torch_pickle import LEGACY_MAGIC, ZIP_MAGIC, ZipRecord, leaves, open_torch
+from ..formats.torch_pickle import (
+    LEGACY_MAGIC,
+    ZIP_MAGIC,
+    ZipRecord,
+    leaves,
+    module_classes,
+    open_torch,
+)
 from ..io import Blob
 from ..model import Span, VarInfo
 from .base import Codec, CodecTier, PartialRead, iter_span_chunks
@@ -55,9 +62,13 @@ class TorchCodec(Codec):
 
     def _variables(self, obj: Any, blob: Blob, records: dict, big_endian: bool) -> list[VarInfo]:
         out = []
+        classes = module_classes(obj)  # a pickled nn.Module: which class each row stood in for
         for name, leaf in leaves(obj):
             var = leaf_var(name, leaf, blob, records, big_endian)
             if var is not None:
+                owner = max((p for p in classes if name.startswith(p)), key=len, default=None)
+                if owner is not None:
+                    var.attrs["module_class"] = classes[owner]
                 out.append(var)
         return out
 

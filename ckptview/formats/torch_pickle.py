@@ -37,6 +37,8 @@ import numpy as np
 from ..dtypes import np_dtype
 from ..io import HEAD_BLOCK, Blob, TruncatedError
 from .pickle import (
+    InertClasses,
+    Record,
     RestrictedUnpicklingError,
     StorageRef,
     StorageType,
@@ -63,6 +65,9 @@ LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
 PICKLE_PREFETCH = 1 << 20  # data.pkl bytes read with its header; the rest streams (lazily)
 FAR = 64 << 10  # values this far into a record: its header is fetched as a range of its own
 MAX_LIST = 4096  # lists of numbers longer than this are not shown as variables
+#: ``torch.save(model)`` pickles the module objects: their classes stand in as inert Records
+INERT = InertClasses()
+MODULE_FIELDS = ("_parameters", "_buffers", "_modules")
 
 
 def torch_persistent_load(pid: Any) -> StorageRef:
@@ -86,8 +91,59 @@ def _scalar_list(node: Any) -> bool:
 
 
 def leaves(obj: Any) -> list[tuple[str, Any]]:
-    """Flattened leaves, lists of plain scalars kept whole."""
-    return flatten(obj, keep=_scalar_list)
+    """Flattened leaves, lists of plain scalars kept whole; a pickled ``nn.Module`` as its
+    ``state_dict`` would name it (``conv1.weight``)."""
+    return flatten(_as_state_dicts(obj), keep=_scalar_list)
+
+
+def is_module(node: Any) -> bool:
+    """A pickled ``nn.Module``: a Record whose state holds parameters, buffers and children."""
+    return isinstance(node, Record) and all(f in node.fields() for f in MODULE_FIELDS)
+
+
+def module_classes(obj: Any) -> dict[str, str]:
+    """``state_dict`` name prefix -> the class each pickled module stood in for."""
+    out: dict[str, str] = {}
+    if is_module(obj):
+        _walk_module(obj, "", {}, out)
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            if is_module(value):
+                _walk_module(value, f"{key}/", {}, out)
+    return out
+
+
+def _as_state_dicts(obj: Any) -> Any:
+    """A module (or a dict of modules, ``{"model": model, ...}``) as its state dict."""
+    if is_module(obj):
+        return _walk_module(obj, "", {}, {})
+    if isinstance(obj, dict) and any(is_module(v) for v in obj.values()):
+        return {k: _walk_module(v, "", {}, {}) if is_module(v) else v for k, v in obj.items()}
+    return obj
+
+
+def _walk_module(module: Record, prefix: str, into: dict, classes: dict[str, str],
+                 depth: int = 0) -> dict:  # fmt: skip
+    """``Module.state_dict``: parameters, persistent buffers, then each child's, dot-joined."""
+    if depth > 256:
+        raise ValueError("modules nested more than 256 deep")
+    fields = module.fields()
+    classes[prefix] = module.cls
+    transient = fields.get("_non_persistent_buffers_set") or ()
+    for group in ("_parameters", "_buffers"):
+        for name, value in _items(fields.get(group)):
+            if value is not None and not (group == "_buffers" and name in transient):
+                into[f"{prefix}{name}"] = value
+    for name, child in _items(fields.get("_modules")):
+        if is_module(child):
+            _walk_module(child, f"{prefix}{name}.", into, classes, depth + 1)
+    return into
+
+
+def _items(group: Any) -> list[tuple[str, Any]]:
+    if isinstance(group, Record):  # an OrderedDict subclass kept as a Record
+        group = group.fields()
+    return [(str(k), v) for k, v in group.items()] if isinstance(group, dict) else []
 
 
 # -- zip directory ----------------------------------------------------------------------------
@@ -229,7 +285,8 @@ def _open_zip(blob: Blob) -> TorchFile:
     found = _zip_records(blob, entries, storages, alignment)
     at, head = got[pkl]
     n = entries[pkl].file_size
-    u = Unpickler(blob, offset=at, end=at + n, persistent_load=torch_persistent_load)
+    u = Unpickler(blob, offset=at, end=at + n, persistent_load=torch_persistent_load,
+                  allow=INERT)  # fmt: skip
     u.src.hold(at, head)
     obj = u.load()
     skip = len(prefix) + 6
@@ -245,7 +302,7 @@ def _open_legacy(blob: Blob, views_ok: bool) -> TorchFile:
             views.append(pid)
         return torch_persistent_load(pid)
 
-    u = Unpickler(blob, persistent_load=persistent_load)
+    u = Unpickler(blob, persistent_load=persistent_load, allow=INERT)
     u.load()  # magic number
     protocol = u.load()
     sys_info = u.load()

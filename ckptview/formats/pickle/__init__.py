@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ...io import Blob
-from .allowlist import ALLOWED, RECORD_NAMES, RECORD_PREFIXES, resolve_global
+from .allowlist import ALLOWED, RECORD_NAMES, RECORD_PREFIXES, InertClasses, resolve_global
 from .machine import MAX_LINE
 from .source import CHUNK
 from .standins import ArrayRef, DtypeRef, LazyBytes, Record, RestrictedUnpicklingError
@@ -149,7 +149,7 @@ def _key(k: Any) -> str:
 
 
 __all__ = [
-    "ALLOWED", "CHUNK", "DISPATCH", "LAZY_MIN", "MAX_LEAVES", "MAX_LINE", "MAX_OBJECTS",
+    "ALLOWED", "CHUNK", "DISPATCH", "InertClasses", "LAZY_MIN", "MAX_LEAVES", "MAX_LINE", "MAX_OBJECTS",
     "RECORD_NAMES", "RECORD_PREFIXES", "STORAGE_DTYPES", "TORCH_DTYPES", "ArrayRef", "DtypeRef",
     "LazyBytes", "Record", "RestrictedUnpicklingError", "StorageRef", "StorageType", "TensorRef",
     "TorchDtype", "Unpickler", "flatten", "is_leaf", "load_pickle", "resolve_global",

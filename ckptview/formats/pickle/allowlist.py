@@ -168,6 +168,32 @@ RECORD_NAMES = frozenset(
      "pathlib.PurePosixPath", "pathlib.PureWindowsPath"}
 )  # fmt: skip
 _QUALNAME = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
+_CLASS_NAME = re.compile(r"_*[A-Z]\w*")
+
+
+class InertClasses(Mapping[str, Any]):
+    """An ``allow`` policy for files that pickle whole objects (``torch.save(model)``): any
+    global named like a class (``alibi_testing.modules.CNN``, ``torch.nn.modules.conv.Conv2d``)
+    stands in as an inert :class:`Record` of its name, arguments and state. Nothing is
+    imported or called; functions (lower-case names such as ``os.system``) stay refused."""
+
+    def __contains__(self, qual: object) -> bool:
+        return (
+            isinstance(qual, str)
+            and qual not in ALLOWED
+            and _CLASS_NAME.fullmatch(qual.rsplit(".", 1)[-1]) is not None
+        )
+
+    def __getitem__(self, qual: str) -> Any:
+        if qual not in self:
+            raise KeyError(qual)
+        return RecordClass(qual)
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 def resolve_global(
