@@ -67,7 +67,7 @@ def main() -> None:
             gets = proxy.requests("GET", under=f"{bucket}/")
             listings = len(proxy.requests("GET")) - len(gets)
             per_file = collections.Counter(e.key for e in gets)
-            n_files = len(cat.files)
+            n_files = int((cat.files["role"] == "data").sum())
             rows.append((label, n_files, len(cat.variables), t_local, t_s3, len(gets),
                          len(gets) / max(1, n_files), max(per_file.values(), default=0),
                          listings, cat.storage.counters.bytes_read))  # fmt: skip

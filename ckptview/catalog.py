@@ -89,8 +89,15 @@ class Catalog:
 
     @property
     def attrs(self) -> dict:
-        """Tree-level facts a layout found (e.g. ``best_model_checkpoint``)."""
-        return dict(self._scan.tree_scan.attrs)
+        """Tree-level facts a layout found (``best_model_checkpoint``, …), the framework's
+        own resume pointer when it differs from ``latest`` (``framework_latest``) and
+        ``warnings`` about files outside every serial (DESIGN.md §3c)."""
+        self._scan.serials  # noqa: B018 - the verdicts set framework_latest
+        out = dict(self._scan.tree_scan.attrs)
+        warnings = self._scan.warnings
+        if warnings:
+            out["warnings"] = warnings
+        return out
 
     # -- values ---------------------------------------------------------------------
     def variable(self, name: str, serial: int | None = None, node: str = "") -> VarInfo:

@@ -145,7 +145,10 @@ class FileRef:
     codec: str | None = None  # force a codec by name
     hints: Hints | None = None  # what the layout knows that helps the codec (a program path …)
     size: int | None = None
-    optional: bool = False  # True: a file no codec recognizes is skipped, not an error
+    optional: bool = False  # True: maybe not a checkpoint file; unrecognized is a warning
+    #: False: the framework's resume path does not read it (HF ``training_args.bin``): its
+    #: problems are the serial's ``warning``, never a reason it is not ``loadable``
+    required: bool = True
 
 
 @dataclass

@@ -191,6 +191,13 @@ def save_suffixes() -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda s: (-len(s), s)))
 
 
+def known_suffixes() -> tuple[str, ...]:
+    """Every name ending a codec claims or saves under (``.pt``, ``.safetensors``, …): a file
+    with one of them is taken for a checkpoint file."""
+    found = {x.lower() for c in codecs().values() for x in (*c.suffixes, *c.save_suffixes)}
+    return tuple(sorted(found))
+
+
 def detect_codec(filename: str, head: bytes, blob=None):
     """The first codec whose cheap check accepts the file, or None.
 

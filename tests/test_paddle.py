@@ -358,8 +358,10 @@ def test_codec_guess_rejects_non_paddle_bytes(tmp_path):
     write(tmp_path / "c.bin", selected_rows_stream([1, 5], 10, np.ones((2, 3), np.float32)))
     cat = cv.open(tmp_path)
     assert cat.layout == "files"
-    v = cat.variables
-    assert list(v["name"]) == ["c.bin"]
+    v = cat.variables.set_index("name")
+    assert list(v.index) == ["a.bin", "b.bin", "c.bin"]  # every file accounted for
+    assert v.loc["a.bin", "error"] == v.loc["b.bin", "error"] == "no codec recognizes this file"
+    assert v.loc["c.bin", "error"] is None
     var = cat.variable("c.bin")
     assert (var.attrs["rows"], var.attrs["height"]) == ([1, 5], 10)
     np.testing.assert_array_equal(cat.read("c.bin"), np.ones((2, 3), np.float32))
@@ -489,7 +491,8 @@ def test_loose_selected_rows_file_beyond_the_first_block_is_detected(tmp_path):
     cat = cv.open(tmp_path, cache=False)
     v = cat.variables.set_index("name")
     assert v.loc["emb.bin", "error"] is None and v.loc["emb.bin", "shape"] == (2000, 4)
-    assert "ints.bin" not in v.index  # a look-alike prefix with no valid header after it
+    # a look-alike prefix with no valid header after it: not taken for Paddle, still listed
+    assert v.loc["ints.bin", "error"] == "no codec recognizes this file"
     assert cat.storage.counters.bytes_read <= 2 * 4096 + 2 * 256 + 256
     var = cat.variable("emb.bin")
     assert var.attrs["rows"] == rows and var.attrs["height"] == 4001

@@ -38,6 +38,8 @@ TORCH_FILES = {
     "scaler.pt": ("scaler", "trainer"),
     "training_args.bin": ("training_args", "trainer"),
 }
+#: files Trainer writes that ``resume_from_checkpoint`` never reads (a pickled TrainingArguments)
+NOT_RESUMED = frozenset({"training_args.bin"})
 SIMPLE = (str, int, float, bool, type(None))
 
 
@@ -53,9 +55,8 @@ def checkpoint_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]
         m = RNG.match(name)
         if name in TORCH_FILES:
             pre, kind = TORCH_FILES[name]
-            refs.append(
-                FileRef(tree.abs(rel), prefix=pre, kind=kind, codec="torch", size=tree.size(rel))
-            )
+            refs.append(FileRef(tree.abs(rel), prefix=pre, kind=kind, codec="torch",
+                                size=tree.size(rel), required=name not in NOT_RESUMED))  # fmt: skip
         elif m:
             node = f"rank{m[1]}" if m[1] is not None else ""
             refs.append(FileRef(tree.abs(rel), node=node, prefix="rng_state", kind="rng",

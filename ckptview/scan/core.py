@@ -18,7 +18,14 @@ from ..model import FileRef, SerialInfo, TreeScan, VarInfo
 from ..tree import Tree
 from .cache import HeaderCache, resolve
 from .listing import FileResult, default_executor, run_listings
-from .tables import files_table, metrics_table, serials_table, var_name, variables_table
+from .tables import (
+    files_table,
+    metrics_table,
+    serials_table,
+    tree_warnings,
+    var_name,
+    variables_table,
+)
 
 
 class Scan:
@@ -120,7 +127,25 @@ class Scan:
 
     @property
     def files(self) -> pd.DataFrame:
-        return files_table(self.tree, self.file_results())
+        def build() -> pd.DataFrame:
+            found, results = self.tree_scan, self.file_results()
+            markers = {s.serial: self._ask(self.layout.commit_markers, s) for s in found.serials}
+            owned = {s.serial: self._ask(self.layout.serial_files, s) for s in found.serials}
+            return files_table(self.tree, found, results, markers, owned)
+
+        return self._table("files", build)
+
+    def _ask(self, hook: Callable[[Tree, SerialInfo], list[str]], info: SerialInfo) -> set[str]:
+        """A layout hook's files of one serial (relative paths); none if it fails."""
+        try:
+            return set(hook(self.tree, info))
+        except Exception:  # noqa: BLE001 - a label or an owner never fails the files table
+            return set()
+
+    @property
+    def warnings(self) -> list[str]:
+        """Tree-level problems no serial's verdict covers (DESIGN.md §3c)."""
+        return tree_warnings(self.files)
 
     @property
     def latest(self) -> int | None:

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 from .. import registry
 from ..codecs.base import Codec, PartialRead
-from ..io import Storage
+from ..io import Blob, Storage
 from ..model import FileRef, VarInfo
 from ..tree import Tree
 from .cache import HeaderCache, listing_key
 
+NO_CODEC = "no codec recognizes this file"
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -52,15 +53,29 @@ def list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
             head = blob.head() if blob.size else b""
             codec = registry.detect_codec(posixpath.basename(ref.path), head, blob)
         if codec is None:
-            if ref.optional:
-                return FileResult(serial, ref, None, [])
-            return FileResult(serial, ref, None, [], "no codec recognizes this file")
+            return FileResult(serial, ref, None, [], NO_CODEC)
         variables = codec.list_variables(blob, ref.hints)
-        return FileResult(serial, ref, codec.name, variables)
+        return FileResult(serial, ref, codec.name, beyond_file(variables, blob))
     except PartialRead as e:
-        return FileResult(serial, ref, codec.name if codec else None, e.variables, str(e))
+        variables = beyond_file(e.variables, blob) if codec else e.variables
+        return FileResult(serial, ref, codec.name if codec else None, variables, str(e))
     except Exception as e:  # noqa: BLE001 - a bad file becomes an error row, never a crash
         return FileResult(serial, ref, codec.name if codec else None, [], _message(e))
+
+
+def beyond_file(variables: list[VarInfo], blob: Blob) -> list[VarInfo]:
+    """Mark variables whose values would lie past the end of their file (a header that
+    promises more than the file holds): they cannot load."""
+    for var in variables:
+        span = var.span
+        if span is None or var.error or span.path != blob.path:
+            continue
+        if span.offset < 0 or span.offset + span.length > blob.size:
+            var.error = (
+                f"values at bytes {span.offset}..{span.offset + span.length} lie beyond the "
+                f"file's {blob.size} bytes"
+            )
+    return variables
 
 
 def _message(e: BaseException) -> str:

@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from datetime import datetime
 
 import pandas as pd
 
+from .. import registry
 from ..dtypes import itemsize
 from ..kinds import guess_kind
-from ..model import FileRef, TreeScan, VarInfo
+from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarInfo
 from ..tree import Tree
-from .listing import FileResult
+from .listing import NO_CODEC, FileResult
 
 SERIAL_COLUMNS = [
     "path", "complete", "latest", "timestamp", "nbytes", "n_files", "n_variables",
-    "epoch", "step", "nodes", "error",
+    "epoch", "step", "nodes", "error", "loadable", "warning",
 ]  # fmt: skip
 VARIABLE_COLUMNS = [
     "serial", "node", "name", "kind", "dtype", "shape", "numel", "nbytes", "file", "error",
     "alias",
 ]  # fmt: skip
-FILE_COLUMNS = ["serial", "node", "path", "size", "codec", "n_variables", "error"]
+FILE_COLUMNS = ["path", "size", "serial", "node", "role", "codec", "n_variables", "error"]
+ROLES = ("data", "index", "marker", "state", "metadata", "unclaimed")
+#: pointer and state files frameworks keep beside their serials
+STATE_NAMES = frozenset({
+    "latest", "checkpoint", "latest_checkpointed_iteration.txt", "trainer_state.json",
+    "checkpoint_state", "_CHECKPOINT_METADATA", "__paddle_checkpoint__", "last.ckpt",
+})  # fmt: skip
+INDEX_NAME = re.compile(r"(^|\.)index(\.json)?$|(^|\.)metadata$|\.index$", re.I)
 #: VarInfo.attrs keys that give a variable's other name (TF object-graph path, Paddle param)
 ALIAS_ATTRS = ("full_name", "param_name")
 
@@ -91,7 +100,7 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
                  var.dtype, tuple(map(int, var.shape)), numel, int(nbytes), url, var.error,
                  alias)
             )  # fmt: skip
-        if res.error:
+        if res.error and not foreign(res):
             rows.append(
                 (res.serial, res.ref.node, _file_row_name(res.ref), "other", "object", (),
                  0, 0, url, res.error, None)
@@ -102,6 +111,48 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
     return df.astype({"serial": "int64", "numel": "int64", "nbytes": "int64"})
 
 
+def foreign(res: FileResult) -> bool:
+    """A file the layout offered in case a codec knows it (``FileRef.optional``) and none
+    does: listed in ``files`` and as a warning, not as a variable row."""
+    if not (res.ref.optional and res.codec is None and res.error == NO_CODEC):
+        return False
+    return not res.ref.path.lower().endswith(registry.known_suffixes())
+
+
+def blocking(res: FileResult) -> bool:
+    """Whether a problem of this file keeps its serial from loading."""
+    return res.ref.required and not foreign(res)
+
+
+def _name(res: FileResult) -> str:
+    return posixpath.basename(res.ref.path)
+
+
+def verdicts(s: SerialInfo, files: list[FileResult]) -> tuple[bool, str | None, bool, str | None]:
+    """``(complete, error, loadable, warning)`` of one serial (DESIGN.md §3c).
+
+    ``error``: the serial's own problem and those of the files its resume reads; ``warning``:
+    problems of files it does not need. Loadable: complete, no such error, no unreadable
+    variable in a required file, and at least one variable."""
+    errors = [f"{_name(r)}: {r.error}" for r in files if r.error and blocking(r)]
+    warnings = [f"{_name(r)}: {r.error}" for r in files if r.error and not blocking(r)]
+    complete = s.complete if s.complete is not None else not errors
+    bad_vars = [(r, v) for r in files if r.ref.required for v in r.variables if v.error]
+    warnings += [f"{_name(r)}: {v.name or '(tensor)'}: {v.error}"
+                 for r in files if not r.ref.required for v in r.variables if v.error]  # fmt: skip
+    error = "; ".join(([s.error] if s.error else []) + errors) or None
+    if bad_vars:
+        shown = "; ".join(f"{v.name or _name(r)}: {v.error}" for r, v in bad_vars[:3])
+        more = f" (+{len(bad_vars) - 3} more)" if len(bad_vars) > 3 else ""
+        error = "; ".join(
+            filter(None, [error, f"{len(bad_vars)} unreadable variable(s): {shown}{more}"])
+        )
+    if error is None and not any(r.variables for r in files):
+        error = "no variables: no file of this serial holds any that ckptview can list"
+    loadable = bool(complete) and error is None
+    return bool(complete), error, loadable, "; ".join(warnings) or None
+
+
 def serials_table(tree: Tree, found: TreeScan, results: list[FileResult]) -> pd.DataFrame:
     """One row per serial (index: serial); ``latest`` marks :func:`latest_from`'s pick."""
     by_serial: dict[int, list[FileResult]] = {}
@@ -110,8 +161,7 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult]) -> pd.
     rows = []
     for s in sorted(found.serials, key=lambda s: s.serial):
         files = by_serial.get(s.serial, [])
-        errors = [f"{posixpath.basename(r.ref.path)}: {r.error}" for r in files if r.error]
-        complete = s.complete if s.complete is not None else not errors
+        complete, error, loadable, warning = verdicts(s, files)
         paths = [r.ref.path for r in files]
         sizes = [
             r.ref.size if r.ref.size is not None else file_size(tree, r.ref.path) for r in files
@@ -124,17 +174,19 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult]) -> pd.
         nodes = (
             s.nodes if s.nodes is not None else tuple(sorted({r.ref.node for r in files} - {""}))
         )
-        n_vars = sum(len(r.variables) + (1 if r.error else 0) for r in files)
-        error = "; ".join(([s.error] if s.error else []) + errors) or None
+        n_vars = sum(len(r.variables) + (1 if r.error and not foreign(r) else 0) for r in files)
         rows.append(
-            (s.serial, tree.storage.url(s.path), bool(complete), False, timestamp, int(sum(sizes)),
-             len(paths) + len(others), n_vars, s.epoch, s.step, tuple(nodes), error)
+            (s.serial, tree.storage.url(s.path), complete, False, timestamp, int(sum(sizes)),
+             len(paths) + len(others), n_vars, s.epoch, s.step, tuple(nodes), error, loadable,
+             warning)
         )  # fmt: skip
     df = pd.DataFrame(rows, columns=["serial", *SERIAL_COLUMNS])
     df["error"] = _none_or_str(df["error"])
+    df["warning"] = _none_or_str(df["warning"])
     df["timestamp"] = pd.to_datetime(df["timestamp"], utc=True).astype("datetime64[ns, UTC]")
     df = df.astype({"serial": "int64", "nbytes": "int64", "n_files": "int64",
-                    "n_variables": "int64", "epoch": "Int64", "step": "Int64"})  # fmt: skip
+                    "n_variables": "int64", "epoch": "Int64", "step": "Int64",
+                    "loadable": "bool", "complete": "bool", "latest": "bool"})  # fmt: skip
     df = df.set_index("serial").sort_index()
     latest = latest_from(df, found)
     if latest is not None:
@@ -143,20 +195,22 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult]) -> pd.
 
 
 def latest_from(df: pd.DataFrame, found: TreeScan) -> int | None:
-    """The framework's resume pick when it is loadable, else the newest loadable serial.
+    """The serial to resume from: complete and loadable (DESIGN.md §3c).
 
-    Loadable: complete and read without error. When the framework's own pointer names a
-    serial that is not loadable (corrupt, hostile, half-written), the catalog falls back to
-    the newest loadable one and keeps the pointer in ``attrs["framework_latest"]``.
-    """
-    loadable = df.index[df["complete"].astype(bool) & df["error"].isna()]
-    if found.latest_rule:
-        if found.latest is None or found.latest in loadable:
-            return found.latest
-        found.attrs["framework_latest"] = found.latest
-        older = [s for s in loadable if s < found.latest]
-        return int(max(older)) if older else (int(loadable.max()) if len(loadable) else None)
-    return int(loadable.max()) if len(loadable) else None
+    Where the framework keeps a pointer (DeepSpeed ``latest``, TF ``checkpoint``, …) and it
+    names a loadable serial, that one: the framework resumes there (after a restore, an older
+    one). When the pointer names a serial that does not load (corrupt, hostile, half-written)
+    or none, the newest loadable serial, and ``attrs["framework_latest"]`` keeps the pointer
+    so every face can say so. Without a pointer: the newest loadable serial."""
+    loadable = df.index[df["loadable"]]
+    newest = int(loadable.max()) if len(loadable) else None
+    if not found.latest_rule:
+        return newest
+    if found.latest is not None and found.latest in loadable:
+        return int(found.latest)
+    found.attrs["framework_latest"] = found.latest
+    older = [int(s) for s in loadable if found.latest is None or s < found.latest]
+    return max(older) if older else newest
 
 
 def metrics_table(found: TreeScan) -> pd.DataFrame:
@@ -168,12 +222,59 @@ def metrics_table(found: TreeScan) -> pd.DataFrame:
     return df.astype({"serial": "int64", "value": "float64"})
 
 
-def files_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
-    """One row per data file: serial, node, path, size, codec, n_variables, error."""
-    rows = [
-        (r.serial, r.ref.node, tree.storage.url(r.ref.path),
-         r.ref.size if r.ref.size is not None else file_size(tree, r.ref.path), r.codec,
-         len(r.variables), r.error)
-        for r in results
-    ]  # fmt: skip
-    return pd.DataFrame(rows, columns=FILE_COLUMNS)
+def files_table(tree: Tree, found: TreeScan, results: list[FileResult],
+                markers: dict[int, set[str]], owned: dict[int, set[str]]) -> pd.DataFrame:  # fmt: skip
+    """One row per file under the root (DESIGN.md §3c): what the layout and codecs made of it.
+
+    Listed files are ``data``; the other files of a serial are ``index``, ``marker`` (its
+    commit markers), ``state`` or ``metadata``; files outside every serial are ``state``
+    (pointers such as DeepSpeed's ``latest``, ckptview's ``.ckptview/``) or ``unclaimed``.
+    ``owned``: every file of each serial (the layout's ``serial_files``), ``markers`` its
+    commit markers, both relative to the root."""
+    url, rows, seen = tree.storage.url, [], set()
+    for r in results:
+        size = r.ref.size if r.ref.size is not None else file_size(tree, r.ref.path)
+        rows.append((url(r.ref.path), size, r.serial, r.ref.node, "data", r.codec,
+                     len(r.variables), r.error))  # fmt: skip
+        seen.add(tree.rel(r.ref.path))
+    for s in found.serials:
+        for path in [*s.other_files, *map(tree.abs, sorted(owned.get(s.serial, ())))]:
+            rel = tree.rel(path)
+            if rel in seen or not tree.exists(rel) or tree.is_dir(rel):
+                continue
+            seen.add(rel)
+            role = "marker" if rel in markers.get(s.serial, ()) else _role(rel)
+            rows.append((url(path), file_size(tree, path), s.serial, "", role, None, 0, None))
+    if not tree.single:
+        for rel in tree.files():
+            if rel not in seen:
+                role = "state" if _is_state(rel) else "unclaimed"
+                rows.append((tree.url(rel), tree.size(rel), None, "", role, None, 0, None))
+    df = pd.DataFrame(rows, columns=FILE_COLUMNS)
+    df["serial"] = df["serial"].astype("Int64")
+    df["codec"] = _none_or_str(df["codec"])
+    df["error"] = _none_or_str(df["error"])
+    return df.astype({"size": "int64", "n_variables": "int64"})
+
+
+def _is_state(rel: str) -> bool:
+    return rel.split("/", 1)[0] == META_DIR or posixpath.basename(rel) in STATE_NAMES
+
+
+def _role(rel: str) -> str:
+    name = posixpath.basename(rel)
+    if _is_state(rel):
+        return "state"
+    if INDEX_NAME.search(name):
+        return "index"
+    if ".data-" in name or name.lower().endswith(registry.known_suffixes()):
+        return "data"
+    return "metadata"
+
+
+def tree_warnings(files: pd.DataFrame) -> list[str]:
+    """Unclaimed files that look like checkpoints (a checkpoint suffix): outside every serial,
+    so no serial's verdict covers them."""
+    suffixes = registry.known_suffixes()
+    loose = files[(files["role"] == "unclaimed") & files["path"].str.lower().str.endswith(suffixes)]
+    return [f"{p}: a checkpoint-like file outside every serial" for p in loose["path"]]

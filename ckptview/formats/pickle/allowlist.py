@@ -161,7 +161,7 @@ def _builtin_allowlist() -> dict[str, Any]:
 ALLOWED = _builtin_allowlist()
 RECORD_PREFIXES = (
     "torch.distributed.checkpoint.", "paddle.", "transformers.", "accelerate.", "lightning.",
-    "pytorch_lightning.", "lightning_fabric.", "omegaconf.", "datetime.", "enum.",
+    "pytorch_lightning.", "lightning_fabric.", "omegaconf.", "datetime.", "enum.", "deepspeed.",
 )  # fmt: skip
 RECORD_NAMES = frozenset(
     {"argparse.Namespace", "pathlib.Path", "pathlib.PosixPath", "pathlib.WindowsPath",

@@ -1,0 +1,158 @@
+"""Verdicts a user can act on (DESIGN.md §3c): every file under a root is a row of
+``cat.files``; ``loadable`` apart from ``complete``; ``warning`` for files the resume does not
+read; ``latest`` the newest complete and loadable serial, the framework's pointer kept in
+``attrs["framework_latest"]`` when it names another one."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import zipfile
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import corpus_path
+from test_deepspeed import STORAGE, Glob, _Emitter, torch_zip
+
+import ckptview as cv
+from ckptview.scan.tables import FILE_COLUMNS, ROLES
+
+NO_CODEC = "no codec recognizes this file"
+
+
+class _ShortStorage(_Emitter):
+    """Tensors whose storage holds 2 elements while the tensor claims all of them."""
+
+    def tensor(self, arr: np.ndarray) -> bytes:
+        key = len(self.storages)
+        self.storages.append(np.ascontiguousarray(arr.reshape(-1)[:2]))
+        pid = self.emit(("storage", Glob("torch", STORAGE[arr.dtype.name]), str(key), "cpu", 2))
+        return (
+            b"ctorch._utils\n_rebuild_tensor_v2\n(" + pid + b"Q" + self.emit(0)
+            + self.emit(tuple(arr.shape)) + self.emit((1,)) + b"\x89"
+            + b"ccollections\nOrderedDict\n)R" + b"tR"
+        )  # fmt: skip
+
+
+def _zip(obj: object, em: _Emitter) -> bytes:
+    pkl, buf = em.dump(obj), io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/byteorder", b"little")
+        for i, arr in enumerate(em.storages):
+            z.writestr(f"archive/data/{i}", arr.tobytes())
+    return buf.getvalue()
+
+
+def _files(cat: cv.Catalog) -> pd.DataFrame:
+    return cat.files.assign(name=lambda d: d["path"].map(os.path.basename)).set_index("name")
+
+
+# -- every file accounted for -------------------------------------------------------------------
+def test_unrecognized_file_beside_a_good_one_is_an_error_row(tmp_path):
+    np.save(tmp_path / "good.npy", np.arange(3))
+    (tmp_path / "model.pt").write_bytes(os.urandom(4096))
+    cat = cv.open(tmp_path, cache=False)
+    files = _files(cat)
+    assert list(cat.files.columns) == FILE_COLUMNS
+    assert set(files.index) == {"good.npy", "model.pt"}
+    assert files.loc["model.pt", "error"] == NO_CODEC and files.loc["model.pt", "role"] == "data"
+    v = cat.variables.set_index("name")
+    assert v.loc["model.pt", "error"] == NO_CODEC and v.loc["good.npy", "error"] is None
+    s = cat.serials.loc[0]
+    assert not s["loadable"] and "model.pt" in s["error"] and cat.latest is None
+
+
+def test_a_directory_of_garbage_is_never_an_empty_complete_serial(tmp_path):
+    (tmp_path / "x.index").write_bytes(b"")
+    (tmp_path / "y.bin").write_bytes(os.urandom(100))
+    (tmp_path / "empty").write_bytes(b"")
+    cat = cv.open(tmp_path, cache=False)
+    assert cat.layout == "files"
+    assert sorted(_files(cat).index) == ["empty", "x.index", "y.bin"]
+    assert (cat.files["error"] == NO_CODEC).all()
+    s = cat.serials.loc[0]
+    assert not s["loadable"] and s["error"] and cat.latest is None
+
+
+def test_files_of_a_real_tree_have_roles_and_nothing_is_skipped(tmp_path):
+    root = tmp_path / "hf"
+    shutil.copytree(corpus_path("modern/hf"), root)
+    (root / "notes.txt").write_text("run notes")
+    (root / "stray.pt").write_bytes(torch_zip({"w": np.zeros(2, np.float32)}))
+    cat = cv.open(root, cache=False)
+    on_disk = sorted(str(p) for p in root.rglob("*") if p.is_file())
+    assert sorted(cat.files["path"]) == on_disk  # one row per file under the root
+    assert set(cat.files["role"]) <= set(ROLES)
+    files = _files(cat)
+    assert files.loc["notes.txt", "role"] == "unclaimed" and pd.isna(
+        files.loc["notes.txt", "serial"]
+    )
+    marker = cat.files[cat.files["path"].str.endswith("checkpoint-300/trainer_state.json")]
+    assert marker["role"].tolist() == ["marker"] and marker["serial"].tolist() == [300]
+    assert cat.files["serial"].dtype == "Int64"
+    # a checkpoint-like file outside every serial is a tree warning
+    assert any("stray.pt" in w for w in cat.attrs["warnings"])
+    assert not any("notes.txt" in w for w in cat.attrs["warnings"])
+
+
+# -- loadable, warning, latest ------------------------------------------------------------------
+def test_newest_torch_file_with_a_view_past_its_storage_is_not_latest(tmp_path):
+    w = np.arange(6, dtype=np.float32)
+    (tmp_path / "step_100.pt").write_bytes(torch_zip({"w": w}))
+    (tmp_path / "step_200.pt").write_bytes(_zip({"w": w}, _ShortStorage()))
+    cat = cv.open(tmp_path, cache=False)
+    s = cat.serials
+    assert s["loadable"].tolist() == [True, False]
+    assert "beyond storage" in s.loc[200, "error"]
+    assert cat.latest == 100
+    plan = cat.plan_retention(keep_last=1)
+    kept = set(plan.index[plan["action"] == "keep"])
+    assert 100 in kept  # the only serial that loads is never planned for deletion
+
+
+def test_newest_npz_needing_pickle_is_not_loadable(tmp_path):
+    np.savez(tmp_path / "step_1.npz", w=np.arange(3))
+    np.savez(tmp_path / "step_2.npz", w=np.arange(3), meta=np.array([{"a": 1}], dtype=object))
+    cat = cv.open(tmp_path, cache=False)
+    assert cat.serials["loadable"].tolist() == [True, False]
+    assert "pickle" in cat.serials.loc[2, "error"] and cat.latest == 1
+
+
+def test_a_variable_past_the_end_of_its_file_is_an_error(tmp_path):
+    """A header promising bytes the file does not hold: the variable cannot load."""
+    np.save(tmp_path / "w.npy", np.arange(100, dtype=np.float64))
+    raw = (tmp_path / "w.npy").read_bytes()
+    (tmp_path / "w.npy").write_bytes(raw[:-8])  # one element short
+    cat = cv.open(tmp_path / "w.npy", cache=False)
+    assert not cat.serials.loc[0, "loadable"]
+    assert cat.serials.loc[0, "error"]
+
+
+@pytest.mark.parametrize("victim", ["training_args.bin"])
+def test_a_file_the_resume_does_not_read_is_a_warning(tmp_path, victim):
+    root = tmp_path / "hf"
+    shutil.copytree(corpus_path("modern/hf"), root)
+    (root / "checkpoint-300" / victim).write_bytes(os.urandom(300))
+    cat = cv.open(root, cache=False)
+    s = cat.serials.loc[300]
+    assert s["loadable"] and s["error"] is None and victim in s["warning"]
+    assert cat.latest == 300
+
+
+def test_framework_pointer_to_a_broken_serial_is_kept_and_passed_over(tmp_path):
+    """DeepSpeed's ``latest`` names the newest tag; its model states are garbage: the resume
+    point is the tag before, and the pointer is kept for every face to show."""
+    root = tmp_path / "ds"
+    shutil.copytree(corpus_path("llm/deepspeed_zero"), root)
+    newest_tag = (root / "latest").read_text().strip()
+    tags = sorted(int(p.name[11:]) for p in root.glob("global_step*"))
+    assert newest_tag == f"global_step{tags[-1]}"
+    for f in (root / newest_tag).glob("*model_states.pt"):
+        f.write_bytes(os.urandom(f.stat().st_size))
+    cat = cv.open(root, cache=False)
+    serials = cat.serials
+    assert not serials.loc[tags[-1], "loadable"] and serials.loc[tags[-2], "loadable"]
+    assert cat.latest == tags[-2] and cat.attrs["framework_latest"] == tags[-1]
