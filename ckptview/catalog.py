@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 
 import numpy as np
@@ -12,6 +12,7 @@ from .engine import diff as _diff
 from .engine import restore as _restore
 from .engine import retention as _retention
 from .engine import stats as _stats
+from .engine import verify as _verify
 from .io import Storage
 from .layouts.base import Layout
 from .model import TreeScan, VarInfo
@@ -136,6 +137,12 @@ class Catalog:
     def trajectory(self, name: str, stat: str = "l2", node: str = "") -> pd.Series:
         """One statistic of one variable across serials."""
         return _stats.trajectory(self._scan, name, stat, node)
+
+    def verify(self, serial: int | Iterable[int] | None = None, deep: bool = False) -> pd.DataFrame:
+        """Findings (serial, file, check, severity, message) for one serial, several or all;
+        header reads only unless ``deep`` (values read, zip CRC-32s checked). DESIGN.md §3c."""
+        serials = [serial] if isinstance(serial, (int, np.integer)) else serial
+        return _verify.verify(self._scan, serials, deep)
 
     def restore(self, serial: int, to=None, dry_run: bool = False, **kwargs):
         """Copy ``serial`` to ``to``, or promote it in place; never deletes."""

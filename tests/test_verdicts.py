@@ -109,8 +109,13 @@ def test_newest_torch_file_with_a_view_past_its_storage_is_not_latest(tmp_path):
     assert "beyond storage" in s.loc[200, "error"]
     assert cat.latest == 100
     plan = cat.plan_retention(keep_last=1)
-    kept = set(plan.index[plan["action"] == "keep"])
-    assert 100 in kept  # the only serial that loads is never planned for deletion
+    assert plan["action"].tolist() == ["keep", "keep"]  # 200 by the policy, 100 as below
+    reason = plan.loc[100, "reason"]  # the only serial that loads is never planned for deletion
+    assert "newest loadable" in reason and "200, does not load" in reason
+    assert plan["loadable"].tolist() == [True, False]
+    with pytest.raises(ValueError, match="does not load"):
+        cat.restore(200, to=tmp_path / "out")
+    assert cat.restore(200, to=tmp_path / "forced", force=True).serial == 200
 
 
 def test_newest_npz_needing_pickle_is_not_loadable(tmp_path):

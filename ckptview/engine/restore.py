@@ -86,8 +86,13 @@ def export_to(scan: Scan, serial: int, fs: Any, root: str, dry_run: bool = False
 def _checked(scan: Scan, serial: int, force: bool) -> int:
     serial = int(serial)
     scan.serial_info(serial)
-    if not bool(scan.serials.loc[serial, "complete"]) and not force:
+    row = scan.serials.loc[serial]
+    if not bool(row["complete"]) and not force:
         raise ValueError(f"serial {serial} is incomplete; restoring it needs force=True")
+    if not bool(row["loadable"]) and not force:
+        raise ValueError(
+            f"serial {serial} does not load ({row['error']}); restoring it needs force=True"
+        )
     return serial
 
 

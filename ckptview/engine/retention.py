@@ -23,7 +23,9 @@ from ..scan.core import Scan
 from .policies import AnyOf, make_policy
 
 POLICY_FILE = f"{META_DIR}/retention.json"
-PLAN_COLUMNS = ["action", "reason", "nbytes", "complete", "latest", "timestamp", "step"]
+PLAN_COLUMNS = [
+    "action", "reason", "nbytes", "complete", "loadable", "latest", "timestamp", "step",
+]  # fmt: skip
 
 
 class TreeChangedError(RuntimeError):
@@ -48,6 +50,13 @@ def _protected(scan: Scan, table: pd.DataFrame) -> dict[int, str]:
             out[int(s)] = "in flight (incomplete, newer than the latest complete)"
     if latest_complete is not None:
         out[latest_complete] = "latest complete"
+    loadable = table.index[table["loadable"]]
+    if len(loadable):  # never deleted: the newest serial the framework can resume from
+        s = int(loadable.max())
+        why = "newest loadable"
+        if latest_complete is not None and s != latest_complete:
+            why += f" (the latest complete serial, {latest_complete}, does not load)"
+        out[s] = f"{out[s]}, {why}" if s in out else why
     if scan.latest is not None:
         s = int(scan.latest)
         out[s] = f"{out[s]}, resume point" if s in out else "resume point"
@@ -78,8 +87,8 @@ def plan_retention(scan: Scan, keep_last: Any = None, keep_every: Any = None,
             reasons = reasons or ["no retention policy"]
         action = "keep" if reasons else "delete"
         reason = "; ".join(reasons) if reasons else "not kept by the policy"
-        rows.append((int(s), action, reason, int(r.nbytes), bool(r.complete), bool(r.latest),
-                     r.timestamp, r.step))  # fmt: skip
+        rows.append((int(s), action, reason, int(r.nbytes), bool(r.complete),
+                     bool(r.loadable), bool(r.latest), r.timestamp, r.step))  # fmt: skip
     plan = pd.DataFrame(rows, columns=["serial", *PLAN_COLUMNS]).set_index("serial")
     plan = plan.astype({"nbytes": "int64", "step": "Int64"})
     plan.attrs.update({"tree": scan.url, "layout": scan.layout.name, "fingerprint": _fingerprint(table),

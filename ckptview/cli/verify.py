@@ -1,0 +1,33 @@
+"""``ckptview verify URL [SERIAL...] [--deep] [--json]``: what could keep a serial from loading.
+
+Exit 0 when clean, 1 on findings (errors or warnings), 2 on a usage error."""
+
+from __future__ import annotations
+
+from . import CLIError
+from ._common import add_open_args, open_tree, print_table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("verify", help="check serials: headers, byte ranges, indexes, checksums")
+    add_open_args(p)
+    p.add_argument("serials", nargs="*", type=int, metavar="SERIAL", help="default: every serial")
+    p.add_argument("--deep", action="store_true",
+                   help="also read every value (NaN/inf) and check the zip CRC-32s")  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    cat = open_tree(args)
+    try:
+        findings = cat.verify(args.serials or None, deep=args.deep)
+    except KeyError as e:
+        raise CLIError(e.args[0]) from None
+    if args.json:
+        print_table(findings, True, index=False)
+    elif len(findings):
+        print_table(findings, False, index=False)
+    else:
+        checked = args.serials or list(cat.serials.index)
+        print(f"{len(checked)} serial(s) checked{' (deep)' if args.deep else ''}: no findings")
+    return 1 if len(findings) else 0

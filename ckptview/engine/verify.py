@@ -1,0 +1,206 @@
+"""``verify``: what could keep a serial from loading, found from its headers (DESIGN.md §3c).
+
+Header checks (no tensor byte read): files that do not parse, variables in error, byte
+ranges outside their file or partly overlapping another's (a range inside another is a view
+of a shared storage), dtype x shape against the bytes a
+variable's range holds, and ``*.index.json`` indexes against their shards (every indexed
+file present, every tensor exactly once, no orphan or duplicate shard, ``total_size``).
+``deep=True`` also reads every value (NaN/inf counts, reads that fail) and checks the CRC-32
+of every stored zip member (torch, npz, keras files), streamed with bounded memory.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from ..dtypes import itemsize, np_dtype
+from ..formats.zipdir import STORED, locate, read_directory
+from ..model import VarInfo
+from ..scan.core import Scan
+from ..scan.listing import FileResult
+from ..scan.tables import var_name
+
+FINDING_COLUMNS = ["serial", "file", "check", "severity", "message"]
+MAX_INDEX_BYTES = 64 << 20
+CRC_CHUNK = 4 << 20
+
+Finding = tuple[int, str, str, str, str]
+
+
+def verify(scan: Scan, serials: Iterable[int] | None = None, deep: bool = False) -> pd.DataFrame:
+    """Findings (serial, file, check, severity ``error``|``warning``, message) for the given
+    serials (default: all); an empty table when they are clean."""
+    wanted = None if serials is None else {int(s) for s in serials}
+    known = set(int(s) for s in scan.serials.index)
+    if wanted is not None and wanted - known:
+        raise KeyError(f"no serial {sorted(wanted - known)}; serials: {sorted(known)}")
+    by_serial: dict[int, list[FileResult]] = defaultdict(list)
+    for res in scan.file_results():
+        if wanted is None or res.serial in wanted:
+            by_serial[res.serial].append(res)
+    found: list[Finding] = []
+    for serial in sorted(by_serial):
+        results = by_serial[serial]
+        for res in results:
+            found += _file_checks(scan, serial, res)
+        found += _ranges(scan, serial, results)
+        found += _indexes(scan, serial, results)
+        if deep:
+            for res in results:
+                found += _deep(scan, serial, res)
+    df = pd.DataFrame(found, columns=FINDING_COLUMNS)
+    return df.astype({"serial": "int64"})
+
+
+def _file_checks(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
+    url = scan.storage.url(res.ref.path)
+    severity = "error" if res.ref.required else "warning"
+    if res.error:
+        yield serial, url, "parse", severity, res.error
+    for var in res.variables:
+        if var.error:
+            yield serial, url, "variable", severity, f"{var_name(res.ref, var)}: {var.error}"
+            continue
+        expected = _expected_bytes(var)
+        if var.span is not None and expected is not None and expected != var.span.length:
+            yield (serial, url, "dtype x shape", "error",
+                   f"{var_name(res.ref, var)}: {var.dtype}{list(var.shape)} needs {expected} "
+                   f"bytes, its range holds {var.span.length}")  # fmt: skip
+
+
+def _expected_bytes(var: VarInfo) -> int | None:
+    disk = var.span.disk_dtype if var.span is not None else None
+    try:
+        size = np_dtype(disk).itemsize if disk else itemsize(var.dtype)
+    except (TypeError, ValueError):
+        return None
+    return var.numel * size if size else None
+
+
+def _ranges(scan: Scan, serial: int, results: list[FileResult]) -> Iterator[Finding]:
+    """Byte ranges of the variables of each file: inside the file, never overlapping."""
+    spans: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for res in results:
+        for var in res.variables:
+            if var.span is not None and not var.error and var.span.length:
+                a = var.span.offset
+                spans[var.span.path].append((a, a + var.span.length, var_name(res.ref, var)))
+    for path, ranges in spans.items():
+        ranges.sort()
+        for (a0, b0, n0), (a1, b1, n1) in zip(ranges, ranges[1:]):
+            # a range inside another is a view of the same storage (torch views share their
+            # storage); one that starts inside another and runs past it is corrupt
+            if a1 < b0 < b1:
+                yield (serial, scan.storage.url(path), "overlap", "error",
+                       f"{n1} (bytes {a1}..{b1}) overlaps {n0} (bytes {a0}..{b0})")  # fmt: skip
+
+
+def _indexes(scan: Scan, serial: int, results: list[FileResult]) -> Iterator[Finding]:
+    """Each ``*.index.json`` (safetensors / HF bin shards) beside the serial's files against
+    the shards it names."""
+    tree = scan.tree
+    dirs = {posixpath.dirname(tree.rel(r.ref.path)) for r in results}
+    for d in sorted(dirs):
+        for rel in tree.files(under=d, depth=1) if d else tree.files(depth=1):
+            if rel.endswith(".index.json"):
+                yield from _index(scan, serial, rel, results)
+
+
+def _index(scan: Scan, serial: int, rel: str, results: list[FileResult]) -> Iterator[Finding]:
+    tree, url = scan.tree, scan.tree.url(rel)
+    try:
+        doc = json.loads(tree.read_bytes(rel, MAX_INDEX_BYTES))
+        weight_map = doc["weight_map"]
+        assert isinstance(weight_map, dict)
+    except Exception as e:  # noqa: BLE001 - an unreadable index is itself the finding
+        yield serial, url, "index", "error", f"unreadable index: {type(e).__name__}: {e}"
+        return
+    base = posixpath.dirname(rel)
+    shard_rels = {posixpath.join(base, f) for f in set(weight_map.values()) if isinstance(f, str)}
+    for shard in sorted(shard_rels):
+        if not tree.exists(shard):
+            yield serial, url, "index", "error", f"names {posixpath.basename(shard)}, absent"
+    suffix = ".safetensors" if rel.endswith(".safetensors.index.json") else ".bin"
+    beside = tree.files(under=base, depth=1) if base else tree.files(depth=1)
+    for other in beside:
+        if other.endswith(suffix) and other not in shard_rels:
+            yield (serial, tree.url(other), "index", "error",
+                   f"a shard the index does not name (orphan or duplicate of {rel})")  # fmt: skip
+    listed = [r for r in results if posixpath.dirname(tree.rel(r.ref.path)) == base]
+    held: Counter[str] = Counter()
+    where: dict[str, str] = {}
+    total = 0
+    for r in listed:
+        name = posixpath.basename(r.ref.path)
+        if not name.endswith(suffix):
+            continue
+        if tree.rel(r.ref.path) not in shard_rels:
+            continue  # reported above
+        for var in r.variables:
+            held[var.name] += 1
+            where[var.name] = name
+            total += var.nbytes or 0
+    for tensor, shard in sorted(weight_map.items()):
+        if held[tensor] == 0 and tree.exists(posixpath.join(base, str(shard))):
+            yield serial, url, "index", "error", f"{tensor}: not in {shard}"
+        elif held[tensor] > 1:
+            yield serial, url, "index", "error", f"{tensor}: in {held[tensor]} shards"
+    for tensor in sorted(set(held) - set(weight_map)):
+        yield serial, url, "index", "warning", f"{tensor} (in {where[tensor]}) not indexed"
+    stated = (doc.get("metadata") or {}).get("total_size")
+    if isinstance(stated, int) and held and stated != total:
+        yield (serial, url, "index", "warning",
+               f"metadata total_size {stated} != {total} bytes of indexed tensors")  # fmt: skip
+
+
+def _deep(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
+    """Every value read (NaN/inf counted), and the CRC-32 of the stored zip members."""
+    url = scan.storage.url(res.ref.path)
+    if res.codec is None or res.error:
+        return
+    blob = scan.storage.blob(res.ref.path, res.ref.size)
+    is_file = not scan.tree.is_dir(scan.tree.rel(res.ref.path))  # Orbax items are directories
+    if is_file and blob.size >= 4 and blob.head(4) == b"PK\x03\x04":
+        yield from _zip_crcs(serial, url, blob)
+    for var in res.variables:
+        if var.error or var.dtype == "object":
+            continue
+        name = var_name(res.ref, var)
+        try:
+            n_nan = n_inf = 0
+            for chunk in scan.iter_chunks(name, serial=serial, node=res.ref.node):
+                if chunk.dtype.kind in "fc":
+                    n_nan += int(np.isnan(chunk).sum())
+                    n_inf += int(np.isinf(chunk).sum())
+        except Exception as e:  # noqa: BLE001 - a failed read is the finding
+            yield serial, url, "read", "error", f"{name}: {type(e).__name__}: {e}"
+            continue
+        if n_nan or n_inf:
+            yield serial, url, "values", "warning", f"{name}: {n_nan} NaN, {n_inf} inf"
+
+
+def _zip_crcs(serial: int, url: str, blob) -> Iterator[Finding]:
+    try:
+        directory = read_directory(blob)
+        entries = [e for e in directory.values() if e.compress_type == STORED and e.file_size]
+        starts = locate(blob, entries)
+    except Exception as err:  # noqa: BLE001 - the listing reported what it could not read
+        yield serial, url, "crc32", "error", f"zip directory: {type(err).__name__}: {err}"
+        return
+    for member, where in zip(entries, starts, strict=True):
+        if isinstance(where, Exception):
+            yield serial, url, "crc32", "error", f"{member.filename}: {where}"
+            continue
+        start, crc, size = where[0], 0, member.file_size
+        for at in range(0, size, CRC_CHUNK):
+            crc = zlib.crc32(blob.read(start + at, min(CRC_CHUNK, size - at)), crc)
+        if crc != member.CRC:
+            yield (serial, url, "crc32", "error",
+                   f"{member.filename}: CRC-32 {crc:08x} != {member.CRC:08x}")  # fmt: skip
