@@ -30,6 +30,7 @@ from ckptview.widgets import (
     build_app,
 )
 from ckptview.widgets._format import human_bytes, serials_frame, streamed_histogram
+from ckptview.widgets.detail import VariableDetail
 
 SERIALS = 6
 
@@ -330,3 +331,37 @@ def test_restore_of_an_incomplete_serial_needs_force(cat, tmp_path):
     assert view.confirm.visible and "Forced" in view.message.object
     view.show_result(view.apply())
     assert (tmp_path / "forced").exists()
+
+
+# -- verdicts on the page (DESIGN.md §3c) -------------------------------------------------------
+def _broken_newest(tmp_path):
+    """A DeepSpeed run whose newest tag (the one ``latest`` names) has garbage model states."""
+    root = tmp_path / "ds"
+    shutil.copytree(corpus_path("llm/deepspeed_zero"), root)
+    newest = root / (root / "latest").read_text().strip()
+    for f in newest.glob("*model_states.pt"):
+        f.write_bytes(b"\0" * f.stat().st_size)
+    return cv.open(root, cache=False), int(newest.name[11:])
+
+
+def test_serials_view_shows_loadable_warnings_and_the_framework_pointer(tmp_path):
+    cat, broken = _broken_newest(tmp_path)
+    frame = serials_frame(cat).set_index("serial")
+    assert frame.loc[broken, "loadable"] == "no" and frame.loc[broken, "status"] == "error"
+    assert "model_states.pt" in frame.loc[broken, "error"]
+    view = SerialsTable(cat)
+    assert {"loadable", "error"} <= set(view.columns)
+    assert f"pointer names serial **{broken}**" in view.summary.object
+
+
+def test_variables_errors_only_filter_and_detail_reason(tmp_path):
+    cat, broken = _broken_newest(tmp_path)
+    table = VariablesTable(cat, serial=broken)
+    n_all = len(table.filtered())
+    table.errors_only = True
+    bad = table.filtered()
+    assert 0 < len(bad) < n_all and (bad["error"] != "").all()
+    assert "unreadable" in table.heading.object
+    row = bad.iloc[0]
+    detail = VariableDetail(cat, serial=broken, node=row["node"], variable=row["name"])
+    assert detail.button.disabled and "**error:**" in detail.info.object

@@ -17,6 +17,7 @@ STATUS_COLORS = {
     "complete": "#2e7d32",
     "incomplete": "#b26a00",
     "error": "#c62828",
+    "warning": "#b26a00",
     "identical": "#546e7a",
     "changed": "#1565c0",
     "added": "#2e7d32",
@@ -82,15 +83,15 @@ def _text(value) -> str:
 
 
 def serial_status(row) -> str:
-    """One word for a serial: ``latest``, else ``incomplete``, else ``error``, else ``complete``.
+    """One word for a serial: ``latest``, else ``incomplete``, else ``error`` (complete but
+    it does not load), else ``complete``.
 
-    An incomplete serial's read error (a save cut short) is in the ``error`` column.
-    """
+    Why is in the ``error`` column (a save cut short, a file that does not parse)."""
     if bool(row["latest"]):
         return "latest"
     if not bool(row["complete"]):
         return "incomplete"
-    return "error" if _text(row["error"]) else "complete"
+    return "error" if _text(row["error"]) or not bool(row.get("loadable", True)) else "complete"
 
 
 def metrics_wide(cat) -> pd.DataFrame:
@@ -138,7 +139,9 @@ def serials_frame(cat) -> pd.DataFrame:
         col = wide[name]
         label = str(name) if str(name) not in SERIAL_VIEW_COLUMNS else f"{name} (metric)"
         out[label] = [fmt_number(col.get(s)) for s in out.index]
+    out["loadable"] = ["yes" if v else "no" for v in df["loadable"]]
     out["error"] = [_text(e) for e in df["error"]]
+    out["warning"] = [_text(e) for e in df["warning"]]
     out.index.name = "serial"
     return out.reset_index().astype(object)
 

@@ -80,6 +80,10 @@ class VariableDetail(pn.viewable.Viewer):
             ]
         )
         self.button.disabled = bool(err) or r["dtype"] == "object"
+        if err:  # say why instead of an empty histogram
+            self.plot.object = plots.empty(f"cannot be read: {err[:120]}")
+        elif r["dtype"] == "object":
+            self.plot.object = plots.empty("not a numeric tensor: no histogram")
 
     def compute(self) -> tuple[dict, tuple]:
         """Statistics and histogram of the current variable (blocking; runs in a thread)."""

@@ -16,6 +16,7 @@ from ._format import badge, metrics_wide, serials_frame, shown_metrics
 #: columns always offered first; metrics come after ``step``
 BASE_COLUMNS = ["serial", "status", "size", "time", "epoch", "step", "files", "variables",
                 "nodes"]  # fmt: skip
+VERDICT_COLUMNS = ("nbytes", "loadable", "error", "warning")
 DEFAULT_METRICS = 2  # metric columns shown by default (the rest via the column chooser)
 
 
@@ -65,16 +66,17 @@ class SerialsTable(pn.viewable.Viewer):
 
     # -- columns ------------------------------------------------------------------------------
     def _metric_columns(self) -> list[str]:
-        return [c for c in self.frame.columns if c not in (*BASE_COLUMNS, "nbytes", "error")]
+        return [c for c in self.frame.columns if c not in (*BASE_COLUMNS, *VERDICT_COLUMNS)]
 
     def _set_choices(self) -> None:
         metrics = [str(c) for c in metrics_wide(self.catalog).columns]
         self.param.y.objects = ["size", *metrics]
-        optional = [*BASE_COLUMNS[2:], *self._metric_columns(), "error"]
+        optional = [*BASE_COLUMNS[2:], *self._metric_columns(), "loadable", "error", "warning"]
         self.param.columns.objects = optional
         if not self.columns:  # default: the essentials, the first metrics, no empty columns
             ranked = shown_metrics(self._metric_columns())[:DEFAULT_METRICS]
-            default = ["size", "time", "epoch", "step", *ranked, "nodes", "error"]
+            default = ["size", "time", "epoch", "step", *ranked, "nodes", "loadable", "error",
+                       "warning"]  # fmt: skip
             self.columns = [c for c in default if c in optional and not _empty(self.frame[c])]
         else:
             self.columns = [c for c in self.columns if c in optional]
@@ -101,11 +103,22 @@ class SerialsTable(pn.viewable.Viewer):
         parts = [f"{complete} complete"] + [
             f"{counts.get(k, 0)} {k}" for k in ("incomplete", "error") if counts.get(k, 0)
         ]
-        latest = cat.latest
-        return (
+        latest, attrs = cat.latest, cat.attrs
+        text = (
             f"`{cat.url}` · layout **{cat.layout}** · **{len(f)} serials** "
             f"({', '.join(parts)}) · resume point: **{latest if latest is not None else 'none'}**"
         )
+        if "framework_latest" in attrs:  # the framework's own pointer disagrees: say so
+            named = attrs["framework_latest"]
+            text += (
+                f"\n\n{badge('error')} the framework's own pointer names serial **{named}**, "
+                "which does not load; ckptview's resume point is the newest serial that does"
+                if named is not None
+                else f"\n\n{badge('error')} the framework's pointer names no serial"
+            )
+        for w in attrs.get("warnings", [])[:5]:
+            text += f"\n\n{badge('warning')} {w}"
+        return text
 
     # -- selection ----------------------------------------------------------------------------
     def select(self, serial: int) -> None:

@@ -9,7 +9,7 @@ import param
 import ckptview as cv
 
 from ._base import size_formatter, table
-from ._format import human_bytes, totals_frame, variables_frame
+from ._format import badge, human_bytes, totals_frame, variables_frame
 
 SHOWN = ["name", "node", "kind", "dtype", "shape", "numel", "size", "share", "error"]
 
@@ -29,6 +29,7 @@ class VariablesTable(pn.viewable.Viewer):
     kinds = param.ListSelector(default=[], objects=[])
     nodes = param.ListSelector(default=[], objects=[])
     dtypes = param.ListSelector(default=[], objects=[])
+    errors_only = param.Boolean(default=False, doc="only the variables that cannot be read")
     selected = param.Tuple(default=None, allow_None=True, length=2, doc="(node, name)")
 
     def __init__(self, catalog: cv.Catalog, serial: int | None = None, **params):
@@ -91,9 +92,11 @@ class VariablesTable(pn.viewable.Viewer):
             f = f[f["node"].replace("", "(shared)").isin(self.nodes)]
         if self.dtypes:
             f = f[f["dtype"].isin(self.dtypes)]
+        if self.errors_only:
+            f = f[f["error"].astype(str) != ""]
         return f.reset_index(drop=True)
 
-    @param.depends("name_filter", "kinds", "nodes", "dtypes", watch=True)
+    @param.depends("name_filter", "kinds", "nodes", "dtypes", "errors_only", watch=True)
     def _refilter(self) -> None:
         f = self.filtered()
         self._shown = f
@@ -105,8 +108,10 @@ class VariablesTable(pn.viewable.Viewer):
             c for c in ("node", "error") if not len(f) or (f[c].astype(str) == "").all()
         ]  # nothing to show in them: no room taken
         total = int(f["nbytes"].sum()) if len(f) else 0
+        n_bad = int((self._full["error"].astype(str) != "").sum()) if len(self._full) else 0
+        bad = f" · {badge('error')} **{n_bad} unreadable**" if n_bad else ""
         self.heading.object = (
-            f"### Serial {self.serial} · {len(f)} variables · {human_bytes(total)}"
+            f"### Serial {self.serial} · {len(f)} variables · {human_bytes(total)}{bad}"
             if self.serial is not None
             else "### No serial"
         )
@@ -125,6 +130,8 @@ class VariablesTable(pn.viewable.Viewer):
             pn.widgets.MultiChoice.from_param(self.param.kinds, label="kind", width=200),
             pn.widgets.MultiChoice.from_param(self.param.nodes, label="node", width=200),
             pn.widgets.MultiChoice.from_param(self.param.dtypes, label="dtype", width=200),
+            pn.widgets.Checkbox.from_param(self.param.errors_only, label="errors only",
+                                           css_classes=["ckptview-errors-only"]),
         )  # fmt: skip
         totals = pn.Row(
             pn.Column("**Per kind**", self.by_kind, sizing_mode="stretch_width"),
