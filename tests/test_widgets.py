@@ -365,3 +365,18 @@ def test_variables_errors_only_filter_and_detail_reason(tmp_path):
     row = bad.iloc[0]
     detail = VariableDetail(cat, serial=broken, node=row["node"], variable=row["name"])
     assert detail.button.disabled and "**error:**" in detail.info.object
+
+
+def test_verify_action_shows_the_findings(tmp_path):
+    cat, broken = _broken_newest(tmp_path)
+    browser = RunBrowser(cat, poll_seconds=0)
+    browser.serials.select(broken)
+    panel = browser.verify
+    assert panel.serial == broken
+    panel.show(panel.run())
+    assert "finding(s)" in panel.message.object and "cv-notice-danger" in panel.message.css_classes
+    assert panel.findings.visible and (panel.findings.value["severity"] == "error").any()
+    browser.serials.select(cat.latest)
+    assert not panel.message.visible  # another serial: the old findings are not shown
+    panel.show(panel.run())
+    assert "no findings" in panel.message.object and not panel.findings.visible

@@ -10,6 +10,7 @@ import ckptview as cv
 from .detail import VariableDetail
 from .serials import SerialsTable
 from .variables import VariablesTable
+from .verify import VerifyPanel
 
 
 class RunBrowser(pn.viewable.Viewer):
@@ -27,6 +28,7 @@ class RunBrowser(pn.viewable.Viewer):
         self.serials = SerialsTable(catalog, poll_seconds=self.poll_seconds)
         self.variables = VariablesTable(catalog, serial=self.serials.selected)
         self.detail = VariableDetail(catalog, serial=self.serials.selected)
+        self.verify = VerifyPanel(catalog, serial=self.serials.selected)
         self.serials.param.watch(self._on_serial, "selected")
         self.variables.param.watch(self._on_variable, "selected")
         self.serials.param.watch(self._on_sync, "version")
@@ -43,6 +45,7 @@ class RunBrowser(pn.viewable.Viewer):
 
     def _on_serial(self, event) -> None:
         self.variables.serial = event.new
+        self.verify.serial = event.new
         self.detail.param.update(serial=event.new, variable="", node="")
 
     def _on_variable(self, event) -> None:
@@ -53,6 +56,7 @@ class RunBrowser(pn.viewable.Viewer):
     def __panel__(self):
         return pn.Column(
             self.serials,
+            self.verify,
             pn.layout.Divider(),
             self.variables,
             pn.layout.Divider(),

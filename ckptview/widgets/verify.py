@@ -1,0 +1,68 @@
+"""Verify one serial from the dashboard: the findings of :meth:`ckptview.Catalog.verify`."""
+
+from __future__ import annotations
+
+import pandas as pd
+import panel as pn
+import param
+
+import ckptview as cv
+
+from ._base import in_background, notice, set_notice, table
+
+SHOWN = ["file", "check", "severity", "message"]
+
+
+class VerifyPanel(pn.viewable.Viewer):
+    """A Verify action for ``serial`` (headers; ``deep`` reads values and checksums) and its
+    findings table."""
+
+    catalog = param.ClassSelector(class_=cv.Catalog)
+    serial = param.Integer(default=None, allow_None=True)
+    deep = param.Boolean(default=False, doc="read every value and check the zip CRC-32s")
+
+    def __init__(self, catalog: cv.Catalog, **params):
+        super().__init__(catalog=catalog, **params)
+        self.button = pn.widgets.Button(label="Verify", button_type="primary", width=110,
+                                        css_classes=["ckptview-verify"])  # fmt: skip
+        self.button.on_click(self._on_verify)
+        self.message = notice("", visible=False, css_classes=["ckptview-verify-result"])
+        self.findings = table(pd.DataFrame(columns=SHOWN), css_classes=["ckptview-findings"],
+                              widths={"message": 480}, visible=False)  # fmt: skip
+        self.body = pn.Column(
+            pn.Row(self.button, pn.widgets.Checkbox.from_param(self.param.deep, label="deep")),
+            self.message, self.findings, sizing_mode="stretch_width",
+        )  # fmt: skip
+
+    @param.depends("serial", watch=True)
+    def _reset(self) -> None:
+        self.message.visible = self.findings.visible = False
+
+    def run(self) -> pd.DataFrame:
+        """The findings for the current serial (blocking)."""
+        return self.catalog.verify(self.serial, deep=self.deep)
+
+    def show(self, found: pd.DataFrame) -> None:
+        errors = (found["severity"] == "error").any()
+        kind = "success" if found.empty else "danger" if errors else "warning"
+        text = (
+            f"Serial {self.serial}: no findings" + (" (deep)" if self.deep else "")
+            if found.empty
+            else f"Serial {self.serial}: {len(found)} finding(s)"
+        )
+        set_notice(self.message, text, kind)
+        self.message.visible = True
+        self.findings.value = found[SHOWN].astype(object)
+        self.findings.visible = not found.empty
+
+    async def _on_verify(self, event=None) -> None:
+        if self.serial is None:
+            return
+        try:
+            self.show(await in_background(self.body, self.run))
+        except Exception as e:  # noqa: BLE001 - shown to the user, never a dead page
+            set_notice(self.message, f"verify failed: {type(e).__name__}: {e}", "danger")
+            self.message.visible = True
+
+    def __panel__(self):
+        return self.body
