@@ -28,75 +28,11 @@ from ckptview.catalog import Catalog
 from ckptview.changes.journal import read_journal
 from ckptview.engine.restore import export_to
 from ckptview.io import Storage
+from ckptview.testing import FaultyFS, InjectedFault
 from ckptview.tree import Tree
 
 RESULTS: dict[str, list[int]] = {}  # scenario -> [points injected, survived]
 TOTALS: dict[str, int] = {}  # scenario -> mutating calls the change makes
-
-
-class InjectedFault(OSError):
-    pass
-
-
-class FaultyFS:
-    """Wraps an fsspec filesystem; mutating call number ``fail_at`` (1-based) fails, and with
-    ``crash`` every later one too. A failing write leaves half its bytes behind."""
-
-    MUTATING = ("mv", "rm_file", "rmdir", "makedirs", "mkdir", "rm", "pipe_file", "cp_file")
-
-    def __init__(self, fs, fail_at: int | None = None, crash: bool = True):
-        self._fs = fs
-        self.fail_at = fail_at
-        self.crash = crash
-        self.calls = 0
-        self.failed: list[str] = []
-
-    def _should_fail(self, what: str) -> bool:
-        self.calls += 1
-        hit = self.fail_at is not None and (
-            self.calls == self.fail_at or (self.crash and self.calls > self.fail_at)
-        )
-        if hit:
-            self.failed.append(what)
-        return hit
-
-    def __getattr__(self, name):
-        attr = getattr(self._fs, name)
-        if name not in self.MUTATING:
-            return attr
-
-        def call(*args, **kwargs):
-            if self._should_fail(f"{name} {args[0] if args else ''}"):
-                raise InjectedFault(f"injected failure in {name}{args}")
-            return attr(*args, **kwargs)
-
-        return call
-
-    def open(self, path, mode="rb", **kwargs):
-        if "r" in mode:
-            return self._fs.open(path, mode, **kwargs)
-        if self._should_fail(f"open {path}"):
-            return _HalfFile(self._fs.open(path, mode, **kwargs))
-        return self._fs.open(path, mode, **kwargs)
-
-
-class _HalfFile:
-    def __init__(self, f):
-        self._f = f
-
-    def write(self, data: bytes):
-        self._f.write(data[: len(data) // 2])
-        self._f.close()
-        raise InjectedFault("injected failure while writing")
-
-    def close(self):
-        self._f.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._f.close()
 
 
 def faulty_catalog(root: Path, fs: FaultyFS, layout: str) -> Catalog:
