@@ -8,22 +8,37 @@ ckptview's own output.
 from __future__ import annotations
 
 import json
-import math
 import posixpath
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 from conftest import CORPUS
 
 import ckptview as cv
 from ckptview import registry
 from ckptview.dtypes import np_dtype
+from ckptview.testing import check_files, check_serials, check_variables
 
-INDEX = json.loads((CORPUS / "INDEX.json").read_text()) if (CORPUS / "INDEX.json").exists() else {}
-TREES = [t for t in INDEX.get("trees", []) if not t.get("hostile")]
 SKIP_NAMES = {"INDEX.json", "ground_truth.json"}
+
+
+def _indexes() -> tuple[dict, list[dict]]:
+    """The corpus INDEX.json and every nested one (``llm/INDEX.json``: roots relative to it),
+    as (root index, every tree with its root relative to the corpus)."""
+    main = (
+        json.loads((CORPUS / "INDEX.json").read_text()) if (CORPUS / "INDEX.json").exists() else {}
+    )
+    trees = list(main.get("trees", []))
+    for path in sorted(CORPUS.glob("*/INDEX.json")) if CORPUS.exists() else []:
+        prefix = path.parent.relative_to(CORPUS).as_posix()
+        for t in json.loads(path.read_text()).get("trees", []):
+            gt = f"{prefix}/{t['ground_truth']}" if t.get("ground_truth") else None
+            trees.append({**t, "root": f"{prefix}/{t['root']}", "ground_truth": gt})
+    return main, [t for t in trees if not t.get("hostile")]
+
+
+INDEX, TREES = _indexes()
 
 #: layouts plausible for each INDEX.json family
 LAYOUTS = {
@@ -43,13 +58,30 @@ LAYOUTS = {
     "paddle-pickle": {"files", "paddle-static"},
     "safetensors": {"files", "safetensors-sharded"},
     "keras": {"files"},
+    # large-model trees (corpus/llm): the layouts that read them today, and the dedicated ones
+    # that will (DESIGN.md §3b)
+    "fsdp-verl": {"numbered", "fsdp-verl"},
+    "megatron-dist": {"dcp", "megatron-dist"},
+    "megatron-legacy": {"numbered", "megatron-legacy"},
+    "dcp-hf-safetensors": {"numbered", "dcp-hf"},
+    "deepspeed-zero": {"deepspeed"},
+    "safetensors-fp8": {"files"},
+    "safetensors-mxfp4": {"files"},
+    "gguf": {"files", "gguf"},
+}
+#: families no codec reads yet (DESIGN.md §3b): their trees list files, not values
+UNREAD = {"gguf"}
+#: large-model trees whose resume point needs the readers of DESIGN.md §3b (not built yet)
+LLM_GAPS = {
+    "fsdp-verl": "DTensor shards (torch._utils._rebuild_wrapper_subclass) are not read yet",
 }
 
+#: DESIGN.md §3 and §3c, in order
 SERIAL_COLUMNS = ["path", "complete", "latest", "timestamp", "nbytes", "n_files",
-                  "n_variables", "epoch", "step", "nodes", "error"]  # fmt: skip
+                  "n_variables", "epoch", "step", "nodes", "error", "loadable", "warning"]  # fmt: skip
+FILE_COLUMNS = ["path", "size", "serial", "node", "role", "codec", "n_variables", "error"]
 VARIABLE_COLUMNS = ["serial", "node", "name", "kind", "dtype", "shape", "numel", "nbytes",
                     "file", "error"]  # fmt: skip
-KINDS = {"model", "optimizer", "trainer", "lookup_table", "rng", "scheduler", "other"}
 
 
 def corpus_files() -> list[str]:
@@ -82,8 +114,22 @@ def expected_codecs(family: str | None, rel: str) -> set[str | None]:
     """The codecs allowed to claim ``rel`` (None: no codec should, or none needs to)."""
     name = posixpath.basename(rel).lower()
     suffix = posixpath.splitext(name)[1]
-    if family is None or suffix in (".md", ".txt", ".yaml", ".csv") or name == "checkpoint":
+    if (
+        family is None
+        or suffix in (".md", ".txt", ".yaml", ".csv", ".py")
+        or name in ("checkpoint", "latest")
+    ):
         return {None}
+    if family in ("fsdp-verl", "megatron-legacy", "deepspeed-zero"):  # torch.save files + JSON
+        return {"torch"} if suffix == ".pt" else {None}
+    if family == "megatron-dist":  # torch DCP: .metadata, .distcp, common.pt
+        if name == ".metadata":
+            return {"torch_dcp"}
+        return {"torch", "torch_dcp"} if suffix in (".distcp", ".pt") else {None}
+    if family in ("dcp-hf-safetensors", "safetensors-fp8", "safetensors-mxfp4"):
+        return {"safetensors"} if suffix == ".safetensors" else {None}
+    if family == "gguf":
+        return {None, "gguf"}
     if family.startswith("paddle"):
         if suffix in (".pdparams", ".pdopt", ".pdckpt"):
             return {"paddle-pickle"}
@@ -176,8 +222,9 @@ def test_layout_plausible(tree, catalogs):
 
 @pytest.mark.parametrize("tree", TREES, ids=TREE_IDS)
 def test_files_codec_matches_family(tree, catalogs):
-    """The codec used for each catalogued file (detected or forced by the layout)."""
+    """The codec used for each listed file (detected or forced by the layout)."""
     files = catalogs[tree["root"]].files
+    files = files[files["codec"].notna() | files["error"].notna()]  # the files it listed
     assert len(files), "no file catalogued"
     for path, codec in zip(files["path"], files["codec"]):
         rel = Path(path).relative_to(CORPUS).as_posix()
@@ -185,64 +232,29 @@ def test_files_codec_matches_family(tree, catalogs):
         assert got in expected_codecs(tree["family"], rel), f"{rel}: {got}"
 
 
-def _check_serials(df: pd.DataFrame) -> None:
-    assert list(df.columns) == SERIAL_COLUMNS
-    assert df.index.name == "serial" and df.index.dtype == np.int64
-    assert df.index.is_monotonic_increasing and df.index.is_unique
-    assert df["complete"].dtype == bool and df["latest"].dtype == bool
-    assert df["timestamp"].dtype == "datetime64[ns, UTC]"
-    for col in ("nbytes", "n_files", "n_variables"):
-        assert df[col].dtype == np.int64, col
-        assert (df[col] >= 0).all(), col
-    assert df["epoch"].dtype == "Int64" and df["step"].dtype == "Int64"
-    assert all(isinstance(p, str) and p for p in df["path"])
-    assert all(isinstance(n, tuple) and all(isinstance(x, str) for x in n) for n in df["nodes"])
-    assert all(e is None or (isinstance(e, str) and e) for e in df["error"])
-    assert df["latest"].sum() <= 1
-    if df["latest"].any():
-        assert df.loc[df["latest"], "complete"].all(), "the latest serial is incomplete"
-    if df["complete"].any():
-        assert df["latest"].sum() == 1, "complete serials but none is latest"
-
-
-def _check_variables(df: pd.DataFrame, serials: pd.DataFrame) -> None:
-    # DESIGN.md: "columns, at least" these, in this order; extras must be documented ones
-    assert list(df.columns[: len(VARIABLE_COLUMNS)]) == VARIABLE_COLUMNS
-    assert set(df.columns[len(VARIABLE_COLUMNS) :]) <= {"alias"}
-    assert df["alias"].map(lambda a: a is None or isinstance(a, str)).all()
-    for col in ("serial", "numel", "nbytes"):
-        assert df[col].dtype == np.int64, col
-    for col in ("node", "name", "kind", "dtype", "file"):
-        assert all(isinstance(x, str) for x in df[col]), col
-    assert set(df["kind"]) <= KINDS
-    assert all(e is None or (isinstance(e, str) and e) for e in df["error"])
-    for row in df.itertuples():
-        assert isinstance(row.shape, tuple) and all(type(d) is int and d >= 0 for d in row.shape)
-        if row.error is not None:  # a file that could not be listed: no values
-            assert row.numel == 0 and row.nbytes == 0, row.name
-            continue
-        assert row.numel == math.prod(row.shape), (row.name, row.shape, row.numel)
-        if row.dtype != "object":
-            assert row.nbytes >= 0
-            np_dtype(row.dtype)  # a known numpy / ml_dtypes name
-    assert set(df["serial"]) <= set(serials.index)
-    counts = df.groupby("serial").size().reindex(serials.index, fill_value=0)
-    assert (counts == serials["n_variables"]).all(), "n_variables != variable rows"
-    assert not df.duplicated(["serial", "node", "name"]).any(), "duplicate variable rows"
-
-
 @pytest.mark.parametrize("tree", TREES, ids=TREE_IDS)
 def test_contract(tree, catalogs):
-    """Column names and types of both tables, and their consistency (DESIGN.md §3)."""
+    """Columns, types and verdict rules of the three tables (DESIGN.md §3, §3c), through the
+    kit every layout's tests use (:mod:`ckptview.testing`)."""
     cat = catalogs[tree["root"]]
-    _check_serials(cat.serials)
-    _check_variables(cat.variables, cat.serials)
-    latest = cat.latest
+    assert list(cat.serials.columns) == SERIAL_COLUMNS
+    assert list(cat.variables.columns[: len(VARIABLE_COLUMNS)]) == VARIABLE_COLUMNS
+    assert set(cat.variables.columns[len(VARIABLE_COLUMNS) :]) <= {"alias"}
+    assert list(cat.files.columns) == FILE_COLUMNS
+    check_serials(cat.serials)
+    check_variables(cat.variables, cat.serials)
+    root = CORPUS / tree["root"]
+    check_files(cat.files, [str(p) for p in root.rglob("*") if p.is_file()])
+
+
+@pytest.mark.parametrize("tree", [t for t in TREES if t.get("serials")],
+                         ids=[t["root"] for t in TREES if t.get("serials")])  # fmt: skip
+def test_latest_is_the_resumable_serial(tree, catalogs):
+    """``latest``: the serial INDEX.json says the framework resumes from."""
     want = tree.get("latest_resumable_serial")
-    if tree.get("serials"):
-        assert latest == want
-    if latest is not None:
-        assert bool(cat.serials.loc[latest, "complete"])
+    if tree["family"] in LLM_GAPS:
+        pytest.xfail(LLM_GAPS[tree["family"]])
+    assert catalogs[tree["root"]].latest == want
 
 
 @pytest.mark.parametrize("tree", TREES, ids=TREE_IDS)
@@ -260,12 +272,13 @@ def test_read_matches_catalog(tree, catalogs):
 
 def test_every_tree_reads_something(catalogs):
     """Guard: the read test is not vacuous on the trees that hold values."""
+    family = {t["root"]: t["family"] for t in TREES}
     empty = [
         root
         for root, cat in catalogs.items()
         if not (cat.variables["error"].isna() & (cat.variables["dtype"] != "object")).any()
     ]
-    assert empty == [], empty
+    assert sorted(empty) == sorted(r for r in catalogs if family[r] in UNREAD), empty
 
 
 # -- header-only -----------------------------------------------------------------------------
@@ -281,7 +294,23 @@ def test_scan_reads_no_file_twice(tree, catalogs):
     assert layout_bytes + codec_bytes <= total + PEEK, f"layout read {layout_bytes} more"
 
 
-BIG = [f for f in FILES if (CORPUS / f).stat().st_size > 64 << 10]
+def _damaged() -> set[str]:
+    """Files a tree's ground truth marks ``damaged`` (cut mid-save: a reader may search them)."""
+    out = set()
+    for t in TREES:
+        gt = CORPUS / t.get("ground_truth", "-")
+        if gt.is_file():
+            files = json.loads(gt.read_text()).get("files", {})
+            if isinstance(files, dict):
+                out |= {
+                    f"{t['root']}/{k}"
+                    for k, v in files.items()
+                    if isinstance(v, dict) and v.get("damaged")
+                }
+    return out
+
+
+BIG = [f for f in FILES if (CORPUS / f).stat().st_size > 64 << 10 and f not in _damaged()]
 
 
 def test_big_files_exist():

@@ -30,6 +30,7 @@ STATE_NAMES = frozenset({
     "latest", "checkpoint", "latest_checkpointed_iteration.txt", "trainer_state.json",
     "checkpoint_state", "_CHECKPOINT_METADATA", "__paddle_checkpoint__", "last.ckpt",
 })  # fmt: skip
+DATA_NAME = re.compile(r"\.data-\d+-of-\d+$|\.distcp$", re.I)  # TF bundle shards, DCP payloads
 INDEX_NAME = re.compile(r"(^|\.)index(\.json)?$|(^|\.)metadata$|\.index$", re.I)
 #: VarInfo.attrs keys that give a variable's other name (TF object-graph path, Paddle param)
 ALIAS_ATTRS = ("full_name", "param_name")
@@ -267,7 +268,7 @@ def _role(rel: str) -> str:
         return "state"
     if INDEX_NAME.search(name):
         return "index"
-    if ".data-" in name or name.lower().endswith(registry.known_suffixes()):
+    if DATA_NAME.search(name) or name.lower().endswith(registry.known_suffixes()):
         return "data"
     return "metadata"
 
