@@ -197,3 +197,11 @@ def refresh_if_changed(cat: cv.Catalog, min_interval: float = 0.0) -> bool:
         cat.refresh()
         cat.serials  # noqa: B018 - rebuild now, in the polling thread
         return True
+
+
+def offer_runs(view) -> None:
+    """Offer the workspace's runs in ``view.run`` (keeping the choice while it still exists)."""
+    labels = list(view.workspace.runs)
+    view.param.run.objects = labels
+    if labels:
+        view.run = view.run if view.run in labels else labels[0]

@@ -6,7 +6,7 @@ import pandas as pd
 import panel as pn
 import param
 
-from ._base import Workspace, as_workspace, in_background, notice, set_notice, table
+from ._base import Workspace, as_workspace, in_background, notice, offer_runs, set_notice, table
 from ._format import human_bytes
 
 MODES = {"in place (the framework resumes from it)": "in_place", "copy to URL": "copy"}
@@ -45,10 +45,7 @@ class RestoreView(pn.viewable.Viewer):
         self._runs()
 
     def _runs(self) -> None:
-        labels = list(self.workspace.runs)
-        self.param.run.objects = labels
-        if labels:
-            self.run = self.run if self.run in labels else labels[0]
+        offer_runs(self)
         self._serials()
 
     @param.depends("run", watch=True)

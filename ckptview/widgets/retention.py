@@ -12,6 +12,7 @@ from ._base import (
     as_workspace,
     in_background,
     notice,
+    offer_runs,
     set_notice,
     size_formatter,
     table,
@@ -100,10 +101,7 @@ class RetentionView(pn.viewable.Viewer):
 
     # -- form ---------------------------------------------------------------------------------
     def _runs(self) -> None:
-        labels = list(self.workspace.runs)
-        self.param.run.objects = labels
-        if labels:
-            self.run = self.run if self.run in labels else labels[0]
+        offer_runs(self)
         self._choices()
 
     @param.depends("run", watch=True)
