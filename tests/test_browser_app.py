@@ -364,3 +364,35 @@ def test_live_run_new_serial_appears_while_the_page_is_open(page: Page, tmp_path
         shot(page, "live")
     finally:
         server.stop()
+
+
+def test_verdicts_banner_and_verify_action(page: Page, tmp_path):
+    """A DeepSpeed run whose newest tag (the one ``latest`` names) does not load: the page says
+    the framework's pointer is passed over, and Verify lists that tag's findings."""
+    root = tmp_path / "ds"
+    shutil.copytree(corpus_path("llm/deepspeed_zero"), root)
+    newest = root / (root / "latest").read_text().strip()
+    for f in newest.glob("*model_states.pt"):
+        f.write_bytes(b"\0" * f.stat().st_size)
+    cat = cv.open(root)
+    broken = int(newest.name[len("global_step") :])
+    findings = cat.verify(broken)
+    assert len(findings)
+    server = Server([str(root)])
+    try:
+        page.goto(server.url)
+        expect_serials(page, cat)
+        expect(page.locator(".ckptview-summary")).to_contain_text(
+            f"pointer names serial {broken}", timeout=WAIT
+        )
+        at = serials_frame(cat)["serial"].tolist().index(broken)
+        row = page.locator(".ckptview-serials .tabulator-row").nth(at)
+        expect(row.locator("[tabulator-field=loadable]")).to_have_text("no")
+        row.click()
+        page.locator(".ckptview-verify button").click()
+        result = page.locator(".ckptview-verify-result")
+        expect(result).to_contain_text(f"Serial {broken}: {len(findings)} finding(s)", timeout=WAIT)
+        expect(page.locator(".ckptview-findings .tabulator-row")).to_have_count(len(findings))
+        shot(page, "verify")
+    finally:
+        server.stop()

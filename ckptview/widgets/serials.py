@@ -100,8 +100,9 @@ class SerialsTable(pn.viewable.Viewer):
         cat, f = self.catalog, self.frame
         counts = f["status"].value_counts()
         complete = int(f["status"].isin(["complete", "latest", "error"]).sum())
-        parts = [f"{complete} complete"] + [
-            f"{counts.get(k, 0)} {k}" for k in ("incomplete", "error") if counts.get(k, 0)
+        loadable = int((f["loadable"] == "yes").sum())
+        parts = [f"{complete} complete", f"{loadable} loadable"] + [
+            f"{counts.get(k, 0)} {k}" for k in ("incomplete",) if counts.get(k, 0)
         ]
         latest, attrs = cat.latest, cat.attrs
         text = (
