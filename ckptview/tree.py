@@ -26,6 +26,9 @@ class Tree:
         #: a ckptview.scan.cache.HeaderCache for small-file reads, set by open() (typed Any:
         #: the tree sits below the scan layer)
         self.cache: Any = None
+        #: layout name -> the TreeScan a layout made while detection weighed it (taken once
+        #: by the scan, so a tree is not scanned twice; cleared by forget)
+        self.scans: dict[str, Any] = {}
 
     @classmethod
     def at(cls, storage: Storage, path: str) -> Tree:
@@ -59,6 +62,7 @@ class Tree:
     def forget(self) -> None:
         """Forget the listing: the next ``entries`` lists the storage again (and the
         filesystem's own listing cache is dropped). A tree built from given entries keeps them."""
+        self.scans.clear()
         if self._entries is None:
             self.__dict__.pop("entries", None)
             self.storage.fs.invalidate_cache(self.root)  # s3fs & co. cache listings

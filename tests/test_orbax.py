@@ -220,7 +220,7 @@ def _tree_bytes(root: Path) -> int:
 def test_scan_reads_metadata_only():
     root = corpus_path("tf_orbax/orbax/run3_noocdbt")
     cat = cv.open(str(root))
-    cat.storage.counters.reset()
+    # counted from open: detection already scans the layout (its reads count once)
     assert len(cat.variables) and len(cat.serials)
     json_files = [
         p for p in root.rglob("*") if p.name in ("_CHECKPOINT_METADATA", "_METADATA", ".zarray")

@@ -161,3 +161,23 @@ def test_framework_pointer_to_a_broken_serial_is_kept_and_passed_over(tmp_path):
     serials = cat.serials
     assert not serials.loc[tags[-1], "loadable"] and serials.loc[tags[-2], "loadable"]
     assert cat.latest == tags[-2] and cat.attrs["framework_latest"] == tags[-1]
+
+
+# -- detection by the best explanation ----------------------------------------------------------
+def test_detection_takes_the_layout_that_explains_the_tree(tmp_path):
+    """A stray HF ``checkpoint-5/trainer_state.json`` beside ten numbered torch saves: the HF
+    layout recognizes the tree first but explains one file of eleven; ``numbered`` explains
+    the ten saves and wins."""
+    (tmp_path / "checkpoint-5").mkdir()
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text('{"global_step": 5}')
+    for n in range(1, 11):
+        (tmp_path / f"step_{n}.pt").write_bytes(torch_zip({"w": np.full(3, n, np.float32)}))
+    from ckptview import registry
+    from ckptview.scan.detect import list_tree
+
+    tree = list_tree(tmp_path)
+    assert registry.get_layout("hf-trainer").guess_can_open(tree)  # the first to say yes
+    cat = cv.open(tmp_path, cache=False)
+    assert cat.layout == "numbered" and list(cat.serials.index) == list(range(1, 11))
+    files = _files(cat)
+    assert pd.isna(files.loc["trainer_state.json", "serial"])  # outside every serial, listed

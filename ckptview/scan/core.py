@@ -59,7 +59,8 @@ class Scan:
         """What the layout found (serials, their files, the latest, metrics, attrs)."""
         with self._lock:
             if self._found is None:
-                self._found = self.layout.scan(self.tree)
+                early = self.tree.scans.pop(self.layout.name, None)  # made by detection
+                self._found = early if early is not None else self.layout.scan(self.tree)
             return self._found
 
     def serial_info(self, serial: int) -> SerialInfo:

@@ -8,6 +8,8 @@ from typing import Any
 from .. import registry
 from ..io import Storage
 from ..layouts.base import Layout
+from ..model import META_DIR
+from ..registry import LayoutTier
 from ..tree import Tree
 from .cache import resolve
 
@@ -30,16 +32,48 @@ def list_tree(url: str | os.PathLike, storage_options: dict | None = None,
 
 
 def detect(tree: Tree, layout: str | None = None, label: str | os.PathLike | None = None) -> Layout:
-    """The layout named ``layout``, else the first (in detection order) that recognizes
-    ``tree``; :class:`UnknownTreeError` (naming the tree as ``label``) when none does."""
+    """The layout named ``layout``, else the one that explains ``tree`` best.
+
+    Layouts are asked in detection order; the first that recognizes the tree is taken when
+    it accounts for at least half of the tree's files. Otherwise every layout that
+    recognizes the tree scans it and the one whose serials claim the most files wins (the
+    earliest on a tie); the ``files`` fallback only when no other claims any.
+    :class:`UnknownTreeError` (naming the tree as ``label``) when no layout recognizes it."""
     if layout is not None:
         return registry.get_layout(layout)
-    tried = []
-    for name, candidate in registry.layouts().items():
-        tried.append(name)
-        if candidate.guess_can_open(tree):
-            return candidate
-    raise UnknownTreeError(
-        f"no layout recognizes {label if label is not None else tree.url()} "
-        f"({len(tree.entries)} entries); tried: {', '.join(tried)}"
-    )
+    layouts = list(registry.layouts().values())
+    i = next((i for i, c in enumerate(layouts) if c.guess_can_open(tree)), None)
+    if i is None:
+        raise UnknownTreeError(
+            f"no layout recognizes {label if label is not None else tree.url()} "
+            f"({len(tree.entries)} entries); tried: {', '.join(c.name for c in layouts)}"
+        )
+    first = layouts[i]
+    if first.priority >= LayoutTier.FALLBACK or _explained(first, tree) * 2 >= _n_files(tree):
+        return first  # the common case: no other layout is asked
+    rest = [c for c in layouts[i + 1 :] if c.priority < LayoutTier.FALLBACK]
+    yes = [first, *(c for c in rest if c.guess_can_open(tree))]
+    scores = [(_explained(c, tree), -j, c) for j, c in enumerate(yes)]
+    best = max(scores, key=lambda t: (t[0], t[1]))
+    if best[0] > 0:
+        return best[2]
+    return next(c for c in layouts if c.priority >= LayoutTier.FALLBACK and c.guess_can_open(tree))
+
+
+def _n_files(tree: Tree) -> int:
+    return sum(1 for rel in tree.files() if rel.split("/", 1)[0] != META_DIR)
+
+
+def _explained(layout: Layout, tree: Tree) -> int:
+    """How many of the tree's files the layout's serials claim (data and other files)."""
+    try:
+        found = layout.scan(tree)
+    except Exception:  # noqa: BLE001 - a layout that cannot scan the tree explains nothing
+        return -1
+    tree.scans[layout.name] = found  # the Scan takes it instead of scanning again
+    claimed = {tree.rel(ref.path) for s in found.serials for ref in s.files}
+    claimed |= {tree.rel(p) for s in found.serials for p in s.other_files}
+    dirs = tuple(f"{rel}/" for rel in claimed if rel == "" or tree.is_dir(rel))  # item dirs
+    if "/" in dirs:
+        return sum(1 for _ in tree.files())
+    return sum(1 for rel in tree.files() if rel in claimed or rel.startswith(dirs))
