@@ -1,4 +1,5 @@
-"""Shared fixtures: the real corpus (../shared/corpus by default, $CKPTVIEW_CORPUS to override)."""
+"""Shared fixtures: the real corpus (../shared/corpus by default, $CKPTVIEW_CORPUS to override)
+and the files from the wild (../shared/wild, $CKPTVIEW_WILD)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("CKPTVIEW_CORPUS", ROOT.parent / "shared" / "corpus")).resolve()
+WILD = Path(os.environ.get("CKPTVIEW_WILD", ROOT.parent / "shared" / "wild")).resolve()
+
+
+def wild_path(*parts: str) -> Path:
+    """A path inside ../shared/wild; fails (never skips) when it is missing."""
+    path = WILD.joinpath(*parts)
+    if not path.exists():
+        pytest.fail(f"wild path missing: {path} (set CKPTVIEW_WILD)")
+    return path
 
 
 def corpus_path(*parts: str) -> Path:

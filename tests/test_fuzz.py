@@ -86,6 +86,7 @@ def _detected(rel: str) -> str | None:
 #: codecs fuzzed by their own tests below (npy, keras) or through their layout's files
 FUZZED_ELSEWHERE = {"npy": "test_fuzz_npy", "keras": "test_fuzz_keras",
                     "orbax": "TREE_TARGETS", "orbax-json": "TREE_TARGETS",
+                    "tf-v1": "test_plugin_kit.TestTfV1 (truncations and flips of wild V1 tables)",
                     "paddle-text-int": "never detected: layouts assign it to 2018 trainer files"}  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import corpus_path
+from conftest import corpus_path, wild_path
 from test_deepspeed import torch_zip
 
 import ckptview as cv
@@ -202,3 +202,18 @@ class TestHfTrainer(LayoutSuite):
 class TestDeepSpeed(LayoutSuite):
     layout = "deepspeed"
     trees = (str(corpus_path("llm/deepspeed_zero")),)
+
+
+class TestTfV1(CodecSuite):
+    """TF V1 TensorSlice tables from TF Serving's test data (../shared/wild)."""
+
+    codec = "tf-v1"
+    truncate_every_below = 256
+
+    def make_samples(self, directory: Path) -> list[Path]:
+        return [
+            wild_path("files/tf-serving/bad_half_plus_two/00000123/export"),
+            wild_path(
+                "files/tf-serving/session_bundle_half_plus_two/00000123/export-00000-of-00001"
+            ),
+        ]

@@ -8,13 +8,14 @@ BundleEntryProto; the values live raw in ``P.data-SSSSS-of-NNNNN``. Listing read
 from __future__ import annotations
 
 import posixpath
+import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..dtypes import np_dtype
 from ..formats import protobuf as pb
-from ..formats.sstable import FormatError, TableFile
+from ..formats.sstable import TABLE_MAGIC, FormatError, TableFile
 from ..formats.tf_bundle import (
     DT_STRING,
     OBJECT_GRAPH_KEY,
@@ -109,6 +110,13 @@ class TFBundleCodec(Codec):
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         # the first data-block entry is the header: shared=0, non_shared=0 (key "")
         return filename.lower().endswith(".index") and head[:2] == b"\x00\x00"
+
+    def guess_can_open_blob(self, filename: str, head: bytes, blob: Blob) -> bool:
+        """A snappy-compressed first block (TF Serving's SavedModels): the table's footer
+        magic, in the file's last 8 bytes, settles it (one small read)."""
+        if not filename.lower().endswith(".index") or blob.size < 48:
+            return False
+        return blob.read(blob.size - 8, 8) == struct.pack("<Q", TABLE_MAGIC)
 
     def list_variables(self, blob: Blob, hints: HintsLike) -> list[VarInfo]:
         hints = TFHints.of(hints)
