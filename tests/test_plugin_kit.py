@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import shutil
 import struct
 from pathlib import Path
 
@@ -217,3 +218,15 @@ class TestTfV1(CodecSuite):
                 "files/tf-serving/session_bundle_half_plus_two/00000123/export-00000-of-00001"
             ),
         ]
+
+
+class TestTfServing(LayoutSuite):
+    """A TF Serving base path of two SavedModel versions (../shared/wild test data)."""
+
+    layout = "tf-serving"
+
+    def make_trees(self, directory: Path) -> list[Path]:
+        src = wild_path("files/tf-serving/saved_model_half_plus_two_cpu/00000123")
+        for version in ("00000123", "00000124"):
+            shutil.copytree(src, directory / "base" / version)
+        return [directory / "base"]

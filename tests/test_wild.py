@@ -79,3 +79,27 @@ def test_tf_serving_savedmodel_with_snappy_index():
     names = set(cat.variables["name"])
     assert {t["name"] for t in entry["tensors"]} <= {n.split("/")[-1] for n in names} | names
     assert cat.serials["loadable"].all()
+
+
+def test_tf_serving_base_path_serials_are_versions(tmp_path):
+    """A model base path: its version directories are the serials, the highest that is
+    complete is served; a version still being written (no saved_model.pb) is not."""
+    import shutil
+
+    base = tmp_path / "half_plus_two"
+    src = wild_path("files/tf-serving/saved_model_half_plus_two_cpu/00000123")
+    shutil.copytree(src, base / "00000123")
+    shutil.copytree(src, base / "00000124")
+    shutil.copytree(src / "variables", base / "00000125" / "variables")  # no graph yet
+    cat = cv.open(base, cache=False)
+    assert cat.layout == "tf-serving"
+    s = cat.serials
+    assert list(s.index) == [123, 124, 125] and s["complete"].tolist() == [True, True, False]
+    assert cat.latest == 124
+    entry = next(
+        e for e in _truth() if e["root"] == "files/tf-serving/saved_model_half_plus_two_cpu"
+    )
+    for t in entry["tensors"]:
+        assert float(np.sum(cat.read(t["name"], serial=124))) == pytest.approx(t["sum"])
+    markers = cat.files[cat.files["role"] == "marker"]["path"]
+    assert sorted(m.rsplit("/", 2)[-2] for m in markers) == ["00000123", "00000124"]
