@@ -320,3 +320,33 @@ def test_functions_stay_refused_in_a_pickled_module(tmp_path):
     (tmp_path / "evil.pt").write_bytes(torch_zip(evil))
     v = cv.open(tmp_path / "evil.pt").variables
     assert len(v) == 1 and "refused global os.system" in v["error"].iloc[0]
+
+
+def test_torchscript_archive_lists_its_tensors(tmp_path):
+    """``torch.jit.save``: data.pkl pickles ``__torch__.*`` module objects whose attributes are
+    their tensors and submodules, beside constants.pkl and code/; listed by state_dict names."""
+    from test_deepspeed import _Emitter
+
+    w, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(2, np.float32)
+    model = Obj("__torch__", "Net", {
+        "training": False,
+        "fc": Obj("__torch__.torch.nn.modules.linear", "Linear", {"training": False, "weight": w, "bias": b}),
+        "scale": 2,
+    })  # fmt: skip
+    em = _Emitter()
+    pkl = em.dump(model)
+    path = tmp_path / "scripted.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("scripted/data.pkl", pkl)
+        z.writestr("scripted/constants.pkl", b"\x80\x02).")
+        z.writestr("scripted/code/__torch__.py", "class Net(Module):\n  pass\n")
+        z.writestr("scripted/byteorder", b"little")
+        for i, arr in enumerate(em.storages):
+            z.writestr(f"scripted/data/{i}", arr.tobytes())
+    cat = cv.open(path, cache=False)
+    v = cat.variables.set_index("name")
+    assert list(v.index) == ["fc.weight", "fc.bias"] and v["error"].isna().all()
+    np.testing.assert_array_equal(cat.read("fc.weight"), w)
+    assert (
+        cat.variable("fc.bias").attrs["module_class"] == "__torch__.torch.nn.modules.linear.Linear"
+    )

@@ -97,8 +97,15 @@ def leaves(obj: Any) -> list[tuple[str, Any]]:
 
 
 def is_module(node: Any) -> bool:
-    """A pickled ``nn.Module``: a Record whose state holds parameters, buffers and children."""
-    return isinstance(node, Record) and all(f in node.fields() for f in MODULE_FIELDS)
+    """A pickled ``nn.Module``: a Record whose state holds parameters, buffers and children,
+    or a TorchScript module (``__torch__.*``: its attributes are its tensors and children)."""
+    if not isinstance(node, Record):
+        return False
+    return is_script(node) or all(f in node.fields() for f in MODULE_FIELDS)
+
+
+def is_script(node: Any) -> bool:
+    return isinstance(node, Record) and node.cls.startswith("__torch__.")
 
 
 def module_classes(obj: Any) -> dict[str, str]:
@@ -129,6 +136,13 @@ def _walk_module(module: Record, prefix: str, into: dict, classes: dict[str, str
         raise ValueError("modules nested more than 256 deep")
     fields = module.fields()
     classes[prefix] = module.cls
+    if is_script(module):  # TorchScript: tensors and submodules are plain attributes
+        for name, value in fields.items():
+            if is_module(value):
+                _walk_module(value, f"{prefix}{name}.", into, classes, depth + 1)
+            elif isinstance(value, TensorRef):
+                into[f"{prefix}{name}"] = value
+        return into
     transient = fields.get("_non_persistent_buffers_set") or ()
     for group in ("_parameters", "_buffers"):
         for name, value in _items(fields.get(group)):
