@@ -230,3 +230,14 @@ class TestTfServing(LayoutSuite):
         for version in ("00000123", "00000124"):
             shutil.copytree(src, directory / "base" / version)
         return [directory / "base"]
+
+
+class TestT5x(CodecSuite):
+    """The msgpack ``checkpoint`` of t5x's own test data (../shared/wild)."""
+
+    codec = "t5x"
+    detected = False
+    truncate_every_below = 512
+
+    def make_samples(self, directory: Path) -> list[Path]:
+        return [wild_path("files/t5x/tiny_t5/checkpoint_1/checkpoint")]

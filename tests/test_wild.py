@@ -15,8 +15,8 @@ from conftest import ROOT, wild_path
 
 import ckptview as cv
 
-#: trees ckptview does not read yet (t5x: msgpack + zarr chunks without .zarray)
-KNOWN_GAPS = {"files/t5x/tiny_t5"}
+#: trees ckptview does not read yet
+KNOWN_GAPS: set[str] = set()
 
 
 def _truth() -> list[dict]:
@@ -103,3 +103,37 @@ def test_tf_serving_base_path_serials_are_versions(tmp_path):
         assert float(np.sum(cat.read(t["name"], serial=124))) == pytest.approx(t["sum"])
     markers = cat.files[cat.files["role"] == "marker"]["path"]
     assert sorted(m.rsplit("/", 2)[-2] for m in markers) == ["00000123", "00000124"]
+
+
+def test_t5x_checkpoint(tmp_path):
+    """msgpack ``checkpoint`` + zarr arrays without ``.zarray`` (the tensorstore spec in the
+    msgpack carries the metadata; gzip chunks); inline flax scalars."""
+    import shutil
+
+    root = "files/t5x/tiny_t5"
+    entry = next(e for e in _truth() if e["root"] == root)
+    tree = tmp_path / "t5x"
+    shutil.copytree(wild_path(root), tree)
+    shutil.copytree(tree / "checkpoint_1", tree / "checkpoint_2")
+    shutil.copytree(tree / "checkpoint_1", tree / "checkpoint_3")
+    (tree / "checkpoint_3" / "checkpoint").unlink()  # still being written: not a serial yet
+    cat = cv.open(tree, cache=False)
+    assert cat.layout == "t5x" and list(cat.serials.index) == [1, 2] and cat.latest == 2
+    v = cat.variables[cat.variables["serial"] == 2].set_index("name")
+    # listing read the two msgpack files (their head, then whole), never an array chunk
+    msgpacks = 2 * (tree / "checkpoint_1" / "checkpoint").stat().st_size
+    assert cat.storage.counters.bytes_read <= 2 * msgpacks
+    for t in entry["tensors"]:
+        assert v.loc[t["name"], "dtype"] == t["dtype"]
+        assert v.loc[t["name"], "shape"] == tuple(t["shape"])
+        assert float(np.sum(cat.read(t["name"]))) == pytest.approx(t["sum"])
+
+
+def test_msgpack_refuses_claims_beyond_its_bytes():
+    from ckptview.formats.msgpack import DecodeError, unpackb
+
+    assert unpackb(b"\x82\xa1a\x01\xa1b\x92\xc3\xc0") == {"a": 1, "b": [True, None]}
+    for bad in (b"\xdd\xff\xff\xff\xff", b"\xc6\x7f\xff\xff\xff", b"\xdb\x00\x00\x01\x00ab",
+                b"\x91" * 300 + b"\xc0", b"\xc1", b"\x01\x02"):  # fmt: skip
+        with pytest.raises(DecodeError):
+            unpackb(bad)

@@ -1,10 +1,11 @@
 """Zarr arrays as Orbax writes them: dtype and shape from v2 (``.zarray``) or v3
-(``zarr.json``) metadata, and plain v2 arrays read with numpy (+ zstandard for zstd chunks).
+(``zarr.json``) metadata, and plain v2 arrays read with numpy (zstd chunks with zstandard, gzip/zlib with zlib).
 """
 
 from __future__ import annotations
 
 import io
+import zlib
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ def read_zarr2(storage: Storage, root: str, meta: dict) -> np.ndarray:
     if meta.get("filters"):
         raise ValueError("zarr filters are not supported without tensorstore")
     comp = meta.get("compressor")
-    if comp is not None and comp.get("id") != "zstd":
+    if comp is not None and comp.get("id") not in ("zstd", "gzip", "zlib"):
         raise ImportError(
             f"zarr compressor {comp.get('id')!r} needs tensorstore: install ckptview[orbax]"
         )
@@ -68,14 +69,20 @@ def read_zarr2(storage: Storage, root: str, meta: dict) -> np.ndarray:
         blob = Blob(storage, path)
         data = blob.read(0, blob.size)
         if comp is not None:
-            import zstandard
-
-            data = (
-                zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read(chunk_bytes + 1)
-            )
+            data = _decompress(comp["id"], data, chunk_bytes + 1)
         if len(data) != chunk_bytes:
             raise ValueError(f"{key}: chunk has {len(data)} bytes, expected {chunk_bytes}")
         block = np.frombuffer(data, dtype=dt).reshape(chunks, order=order)
         sel = tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(idx, chunks, shape))
         out[sel] = block[tuple(slice(0, x.stop - x.start) for x in sel)]
     return out
+
+
+def _decompress(codec: str, data: bytes, limit: int) -> bytes:
+    """A chunk's bytes, never more than ``limit`` of them (a bomb stops there)."""
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data)).read(limit)
+    wbits = 31 if codec == "gzip" else 15
+    return zlib.decompressobj(wbits).decompress(data, limit)
