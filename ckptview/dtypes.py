@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import numpy as np
@@ -58,6 +59,9 @@ def np_dtype(name: str | np.dtype) -> np.dtype:
     return _np_dtype(str(name))
 
 
+_FIXED_WIDTH = re.compile(r"(str|bytes)(\d+)")
+
+
 @lru_cache(maxsize=1024)  # called per variable by codecs: millions of times on big trees
 def _np_dtype(name: str) -> np.dtype:
     key = ALIASES.get(name.lower(), name)
@@ -65,14 +69,21 @@ def _np_dtype(name: str) -> np.dtype:
         if _ml is None:
             raise TypeError(f"dtype {key} needs the ml_dtypes package")
         return np.dtype(getattr(_ml, key))
+    fixed = _FIXED_WIDTH.fullmatch(key)
+    if fixed:  # numpy names fixed-width strings by bits but does not parse the name back
+        kind, bits = fixed.groups()
+        return np.dtype(f"<U{int(bits) // 32}" if kind == "str" else f"S{int(bits) // 8}")
     return np.dtype(key)
 
 
 def dtype_name(dtype: str | np.dtype) -> str:
-    """The canonical ckptview name of a dtype (``float32``, ``bfloat16``, ``object``)."""
+    """The canonical ckptview name of a dtype (``float32``, ``bfloat16``, ``str192``,
+    ``object``)."""
     if isinstance(dtype, np.dtype):
         if dtype.name in ML_DTYPE_NAMES:
             return dtype.name
+        if dtype.kind in "SU" and dtype.itemsize:  # fixed-width strings keep their width
+            return dtype.name  # "<U48" is "str192", "|S8" is "bytes64" (numpy's own names)
         if dtype.kind in "OSUV":
             return "object"
         return dtype.name if dtype.names is None else "object"
@@ -84,3 +95,8 @@ def itemsize(name: str) -> int:
     if name == "object":
         return 0
     return np_dtype(name).itemsize
+
+
+def is_numeric(name: str) -> bool:
+    """Whether values of this dtype name have numbers (not ``object``, ``strN``, ``bytesN``)."""
+    return name != "object" and not _FIXED_WIDTH.fullmatch(name)

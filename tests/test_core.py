@@ -17,7 +17,7 @@ import ckptview as cv
 from ckptview import registry
 from ckptview.codecs.base import Codec
 from ckptview.demo import write_demo
-from ckptview.dtypes import dtype_name, itemsize, np_dtype
+from ckptview.dtypes import dtype_name, is_numeric, itemsize, np_dtype
 from ckptview.formats import protobuf
 from ckptview.io import Storage, TruncatedError
 from ckptview.layouts.base import Layout
@@ -177,7 +177,10 @@ def test_dtype_names_round_trip():
     for name in ["bfloat16", "float8_e4m3fn", "float8_e5m2", "float16", "float32", "float64",
                  "int8", "int16", "int32", "int64", "uint8", "bool", "complex64", "complex128"]:  # fmt: skip
         assert dtype_name(np_dtype(name)) == name
-    assert dtype_name(np.dtype("U5")) == dtype_name(np.dtype(object)) == "object"
+    assert dtype_name(np.dtype(object)) == dtype_name(np.dtype("V4")) == "object"
+    assert dtype_name(np.dtype("<U5")) == "str160" and dtype_name(np.dtype("S3")) == "bytes24"
+    assert np_dtype("str160") == np.dtype("<U5") and np_dtype("bytes24") == np.dtype("S3")
+    assert itemsize("str160") == 20 and not is_numeric("str160") and is_numeric("bfloat16")
     assert dtype_name("bf16") == "bfloat16"
     assert itemsize("bfloat16") == 2 and itemsize("float8_e5m2") == 1 and itemsize("object") == 0
     bits = np.array([0x3F80, 0xC000], dtype="<u2")  # bfloat16 1.0, -2.0

@@ -94,11 +94,19 @@ def test_npy_versions_orders_and_byte_orders(tmp_path, version):
         assert got.dtype.isnative
 
 
-def test_npy_strings_are_object_dtype(tmp_path):
+def test_npy_fixed_width_strings_keep_their_dtype(tmp_path):
+    """``<U3`` is numpy's ``str96`` (3 UCS-4 characters), ``|S3`` its ``bytes24``: sized and
+    read like any array, with no numeric statistics."""
     (tmp_path / "s.npy").write_bytes(npy_bytes(np.array(["ab", "cde"])))
-    cat = cv.open(tmp_path / "s.npy")
-    assert cat.variables["dtype"].iloc[0] == "object"
+    (tmp_path / "b.npy").write_bytes(npy_bytes(np.array([b"ab", b"cde"])))
+    cat = cv.open(tmp_path)
+    v = cat.variables.set_index("name")
+    assert (v.loc["s.npy", "dtype"], v.loc["s.npy", "nbytes"]) == ("str96", 2 * 12)
+    assert (v.loc["b.npy", "dtype"], v.loc["b.npy", "nbytes"]) == ("bytes24", 2 * 3)
     assert cat.read("s.npy").tolist() == ["ab", "cde"]
+    assert cat.read("b.npy").tolist() == [b"ab", b"cde"]
+    st = cat.stats().set_index("name")
+    assert st["l2"].isna().all() and st["error"].isna().all()
 
 
 # -- bad input ---------------------------------------------------------------------------------

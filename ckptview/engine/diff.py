@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..dtypes import is_numeric
 from ..scan.core import Scan
 from .stats import CHUNK_BYTES, bounded_map, resolve_serial
 
@@ -257,7 +258,7 @@ def compare(a: Side | None, b: Side | None, chunk_bytes: int = CHUNK_BYTES,
         return {**row, "status": "shape_changed"}
     status = "dtype_changed" if a.dtype != b.dtype else None
     try:
-        if "object" in (a.dtype, b.dtype):
+        if not (is_numeric(a.dtype) and is_numeric(b.dtype)):
             same = _objects_equal(a, b)
             return {**row, "status": status or ("identical" if same else "changed")}
         acc = DiffAccumulator()

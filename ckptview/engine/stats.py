@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..dtypes import is_numeric
 from ..scan.core import Scan
 
 STAT_COLUMNS = ["min", "max", "mean", "std", "l2", "n_nan", "n_inf", "frac_zero"]
@@ -28,8 +29,8 @@ def as_float64(chunk: np.ndarray) -> np.ndarray:
     """A chunk as float64 (complex by magnitude, bool as 0/1)."""
     if chunk.dtype.kind == "c":
         return np.abs(chunk.astype(np.complex128))
-    if chunk.dtype.kind == "O":
-        raise TypeError("object values have no numeric statistics")
+    if chunk.dtype.kind in "OSU":
+        raise TypeError(f"{chunk.dtype.name} values have no numeric statistics")
     return chunk.astype(np.float64)
 
 
@@ -104,7 +105,7 @@ def chunk_stats(chunks: Iterable[np.ndarray]) -> dict:
 def variable_stats(scan: Scan, name: str, serial: int, node: str, dtype: str,
                    chunk_bytes: int = CHUNK_BYTES) -> dict:  # fmt: skip
     """Statistics of one variable; a read error becomes the ``error`` field."""
-    if dtype == "object":
+    if not is_numeric(dtype):
         return nan_stats()
     try:
         out = chunk_stats(scan.iter_chunks(name, serial, node, chunk_bytes))

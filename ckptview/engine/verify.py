@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from ..dtypes import itemsize, np_dtype
+from ..dtypes import is_numeric, itemsize, np_dtype
 from ..formats.zipdir import STORED, locate, read_directory
 from ..model import VarInfo
 from ..scan.core import Scan
@@ -170,7 +170,7 @@ def _deep(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
     if is_file and blob.size >= 4 and blob.head(4) == b"PK\x03\x04":
         yield from _zip_crcs(serial, url, blob)
     for var in res.variables:
-        if var.error or var.dtype == "object":
+        if var.error or not is_numeric(var.dtype):
             continue
         name = var_name(res.ref, var)
         try:

@@ -7,6 +7,7 @@ import panel as pn
 import param
 
 import ckptview as cv
+from ckptview.dtypes import is_numeric
 
 from . import plots
 from ._base import in_background, table
@@ -79,10 +80,10 @@ class VariableDetail(pn.viewable.Viewer):
                 *([f"**error:** {err}"] if err else []),
             ]
         )
-        self.button.disabled = bool(err) or r["dtype"] == "object"
+        self.button.disabled = bool(err) or not is_numeric(r["dtype"])
         if err:  # say why instead of an empty histogram
             self.plot.object = plots.empty(f"cannot be read: {err[:120]}")
-        elif r["dtype"] == "object":
+        elif not is_numeric(r["dtype"]):
             self.plot.object = plots.empty("not a numeric tensor: no histogram")
 
     def compute(self) -> tuple[dict, tuple]:

@@ -7,6 +7,7 @@ import panel as pn
 import param
 
 import ckptview as cv
+from ckptview.dtypes import is_numeric
 
 from . import plots
 from ._base import in_background
@@ -23,7 +24,7 @@ class TrajectoryPlot(pn.viewable.Viewer):
 
     def __init__(self, catalog: cv.Catalog, names=None, **params):
         v = catalog.variables
-        v = v[v["error"].isna() & (v["dtype"] != "object")]
+        v = v[v["error"].isna() & v["dtype"].map(is_numeric)]
         choices = sorted(set(v["name"]))
         super().__init__(catalog=catalog, **params)
         self.param.names.objects = choices
