@@ -179,6 +179,8 @@ class TreeScan:
     latest_rule: bool = False  # True: ``latest`` is set by the layout (even when None)
     metrics: list[tuple[int, str, float]] = field(default_factory=list)
     attrs: dict = field(default_factory=dict)  # tree facts (best_model_checkpoint, …)
+    # files outside every serial that the layout could not place, and why (root-relative)
+    file_errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -181,3 +181,55 @@ def test_detection_takes_the_layout_that_explains_the_tree(tmp_path):
     assert cat.layout == "numbered" and list(cat.serials.index) == list(range(1, 11))
     files = _files(cat)
     assert pd.isna(files.loc["trainer_state.json", "serial"])  # outside every serial, listed
+
+
+def test_caffe2_run_whose_newest_epochs_are_damaged_stays_a_caffe2_run(tmp_path):
+    """The real Caffe2 tree with epochs 2–4 of both trainers overwritten: still detected as
+    ``caffe2`` (the good epochs prove it), the damaged epochs are rows that do not load and
+    the resume point is epoch 1."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(corpus_path("caffe2", "ckpt"), root)
+    for f in root.iterdir():
+        if int(f.name.rsplit(".", 1)[1]) >= 2:
+            f.write_bytes(os.urandom(50))
+    cat = cv.open(root, cache=False)
+    assert cat.layout == "caffe2"
+    serials = cat.serials
+    assert list(serials.index) == [0, 1, 2, 3, 4]
+    assert serials["loadable"].tolist() == [True, True, False, False, False]
+    assert serials.loc[2:, "error"].notna().all() and cat.latest == 1
+    assert cat.files["error"].notna().sum() == 6  # 3 epochs × 2 trainers
+
+
+def test_unreadable_last_ckpt_is_a_visible_tree_warning(tmp_path):
+    """A garbage ``last.ckpt`` belongs to no serial: its row carries the reason, the tree's
+    warnings name it, and ``ckptview ls`` prints the warning."""
+    root = tmp_path / "lt"
+    shutil.copytree(corpus_path("modern", "lightning"), root)
+    last = root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    last.write_bytes(os.urandom(4096))
+    cat = cv.open(root, cache=False)
+    row = _files(cat).loc["last.ckpt"]
+    assert pd.isna(row["serial"]) and "not a readable Lightning checkpoint" in row["error"]
+    assert [w for w in cat.attrs["warnings"] if w.startswith(str(last))]
+    assert cat.latest == 200  # the ckpt files named by step still decide
+    from ckptview.cli import main
+
+    out = io.StringIO()
+    from contextlib import redirect_stderr, redirect_stdout
+
+    with redirect_stdout(out), redirect_stderr(out):
+        main(["ls", str(root)])
+    assert f"warning: {last}: not a readable Lightning checkpoint" in out.getvalue()
+
+
+def test_every_layout_says_what_its_resume_reads_and_the_docs_agree():
+    from pathlib import Path
+
+    from ckptview import registry
+
+    doc = (Path(__file__).parent.parent / "docs" / "verdicts.md").read_text()
+    for name, layout in registry.layouts().items():
+        assert layout.resume_reads, name
+        text = layout.resume_reads.replace("``", "`").replace("|", "\\|")
+        assert f"| `{name}` | {text} |" in doc, name

@@ -27,6 +27,9 @@ class Layout:
     #: detection order: lower is tried first (specific layouts before generic ones), equal
     #: priorities by name
     priority: ClassVar[int] = LayoutTier.DEFAULT
+    #: the files the framework's resume path reads for a serial (DESIGN.md §3c): their errors
+    #: block ``loadable``; errors of the serial's other files are its ``warning``
+    resume_reads: ClassVar[str] = ""
 
     def guess_can_open(self, tree: Tree) -> bool:
         raise NotImplementedError

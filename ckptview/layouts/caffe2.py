@@ -21,7 +21,7 @@ from ..tree import Tree
 from .base import Layout, LayoutTier
 
 _NAME = re.compile(r"^(?P<node>.+)\.(?P<epoch>\d+)$")
-MAX_SNIFFS = 3  # files sniffed per node before giving up on it
+MAX_SNIFFS = 8  # files sniffed per node before giving up on it, spread over its epochs
 
 
 def parse_name(filename: str) -> tuple[str, int] | None:
@@ -34,6 +34,7 @@ class Caffe2Layout(Layout):
     """MultiNodeCheckpointManager / CheckpointManager output with db_type minidb."""
 
     name = "caffe2"
+    resume_reads = "every node's ``<node>.<epoch>`` minidb (``load_model`` of each node's db)"
     priority = LayoutTier.CONTENT
 
     def guess_can_open(self, tree: Tree) -> bool:
@@ -58,7 +59,7 @@ class Caffe2Layout(Layout):
             if not sized:
                 empty_only[node] = files
                 continue
-            if any(_sniff(tree, rel) for rel in sized[:MAX_SNIFFS]):
+            if any(_sniff(tree, rel) for rel in _spread(sized, MAX_SNIFFS)):
                 accepted[node] = files
                 if first_only:
                     return accepted
@@ -95,6 +96,15 @@ class Caffe2Layout(Layout):
                 )
             )
         return TreeScan(serials, attrs={"nodes": tuple(sorted(nodes)), "db_type": "minidb"})
+
+
+def _spread(items: list[str], n: int) -> list[str]:
+    """At most ``n`` of ``items``, first and last included and evenly spaced between: a run
+    whose newest (or oldest) epochs are damaged is still recognized by the others."""
+    if len(items) <= n:
+        return items
+    step = (len(items) - 1) / (n - 1)
+    return [items[round(i * step)] for i in range(n)]
 
 
 def _sniff(tree: Tree, rel: str) -> bool:

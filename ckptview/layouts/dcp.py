@@ -21,6 +21,7 @@ class DCPLayout(Layout):
     """Numbered DCP checkpoint dirs below the root (or the root itself being one)."""
 
     name = "dcp"
+    resume_reads = "``.metadata`` and every ``__<rank>_<n>.distcp`` it names (``dcp.load``)"
     priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:

@@ -73,6 +73,10 @@ class DeepSpeedLayout(Layout):
     """``save_dir/{latest, global_stepN/…}`` trees from ``engine.save_checkpoint``."""
 
     name = "deepspeed"
+    resume_reads = (
+        "the ``latest`` tag's ``mp_rank_*_model_states.pt`` and, with ZeRO, every data-"
+        "parallel rank's ``*_optim_states.pt`` (``engine.load_checkpoint``)"
+    )
     priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:

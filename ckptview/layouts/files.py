@@ -19,6 +19,7 @@ class FilesLayout(Layout):
     """
 
     name = "files"
+    resume_reads = "every file that holds variables (no framework rule: all of them)"
     priority = LayoutTier.FALLBACK
 
     def guess_can_open(self, tree: Tree) -> bool:

@@ -84,6 +84,12 @@ class HFTrainerLayout(Layout):
     """``output_dir/checkpoint-N/`` trees written by ``transformers.Trainer``."""
 
     name = "hf-trainer"
+    resume_reads = (
+        "the weights (``model.safetensors``/``pytorch_model.bin`` and shards), "
+        "``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``, ``rng_state*.pth``, "
+        "``trainer_state.json`` (``Trainer.train(resume_from_checkpoint=...)``); not "
+        "``training_args.bin``"
+    )
     priority = LayoutTier.FRAMEWORK
 
     def guess_can_open(self, tree: Tree) -> bool:
@@ -249,6 +255,7 @@ class SafetensorsShardedLayout(Layout):
     """A bare sharded model dir: ``*.safetensors.index.json`` + its shards, one serial 0."""
 
     name = "safetensors-sharded"
+    resume_reads = "the index and every shard it names (``from_pretrained``)"
     priority = LayoutTier.FAMILY
 
     def guess_can_open(self, tree: Tree) -> bool:

@@ -79,6 +79,7 @@ class LightningLayout(Layout):
     """``ModelCheckpoint`` output (``…/checkpoints/*.ckpt``), anywhere below the root."""
 
     name = "lightning"
+    resume_reads = "the one ``.ckpt`` file (``Trainer.fit(ckpt_path=...)``)"
     priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:
@@ -144,6 +145,7 @@ class LightningLayout(Layout):
             scan.latest, scan.latest_rule = last_serial, True
         if unresolved:
             scan.attrs["unresolved_files"] = unresolved
+            scan.file_errors = {rel: _why_unplaced(tree, rel, peeks.get(rel)) for rel in unresolved}
         self._callback_metrics(tree, scan, serials, peeks, newest_last or _newest(tree, serials))
         self._logger_records(tree, scan)
         return scan
@@ -268,6 +270,16 @@ def _peek(tree: Tree, rel: str) -> TorchPeek | None:
         return TorchPeek(tree.blob(rel))
     except Exception:  # noqa: BLE001 - an unreadable file shows up as an error row later
         return None
+
+
+def _why_unplaced(tree: Tree, rel: str, peek: TorchPeek | None) -> str:
+    """Why a ``.ckpt`` file belongs to no serial: unreadable, or no step in name or content."""
+    if peek is None:
+        try:
+            TorchPeek(tree.blob(rel))
+        except Exception as exc:  # noqa: BLE001 - the reason is the message
+            return f"not a readable Lightning checkpoint, so no serial: {exc}"
+    return "no step in its name and no global_step inside: belongs to no serial"
 
 
 def _newest(tree: Tree, serials: dict[int, SerialInfo]) -> str | None:

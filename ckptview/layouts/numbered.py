@@ -42,6 +42,7 @@ class NumberedLayout(Layout):
     """A directory of numbered checkpoint files (or numbered dirs of checkpoint files)."""
 
     name = "numbered"
+    resume_reads = "every checkpoint file of the serial (the script's own ``load``: all of them)"
     priority = LayoutTier.GENERIC
     stage_in_meta = True
 

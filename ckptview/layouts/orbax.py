@@ -32,6 +32,10 @@ class OrbaxLayout(Layout):
     """Orbax (JAX) step directories holding pytree (zarr/OCDBT) and JSON items."""
 
     name = "orbax"
+    resume_reads = (
+        "every item directory of the step (``CheckpointManager.restore``), its "
+        "``_METADATA``/OCDBT and array files"
+    )
     priority = LayoutTier.FRAMEWORK
     #: ``AtomicRenameTemporaryPath``: a step is written to ``<step>.orbax-checkpoint-tmp`` and
     #: renamed (the commit); deletion renames it back first, so Orbax ignores a half-deleted step

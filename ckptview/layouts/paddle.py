@@ -69,6 +69,10 @@ class PaddleFluidLayout(Layout):
     """
 
     name = "paddle-fluid"
+    resume_reads = (
+        "every variable file of ``__model__/`` (or the flat serial) and the trainer's "
+        "``epoch_id``/``step_id`` (``load_persistables``)"
+    )
     priority = LayoutTier.SPECIFIC
 
     def _serial_dirs(self, tree: Tree) -> dict[int, str]:
@@ -203,6 +207,10 @@ class PaddleIncubateLayout(Layout):
     """
 
     name = "paddle-incubate"
+    resume_reads = (
+        "every variable file of the committed ``__paddle_checkpoint__.N`` "
+        "(``auto_checkpoint`` restore)"
+    )
     priority = LayoutTier.SPECIFIC
     #: ``save_checkpoint`` writes ``__paddle_checkpoint__.N.tmp`` and renames it (the commit);
     #: deletion renames a committed dir back first, so a half-deleted one is never listed
@@ -280,6 +288,9 @@ class PaddleStaticLayout(Layout):
     PIR ``*.json``), and ``paddle.static.save`` pickles beside their program."""
 
     name = "paddle-static"
+    resume_reads = (
+        "the program and every parameter file it names (``load_inference_model``/``static.load``)"
+    )
     priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:

@@ -26,6 +26,7 @@ class PaddleDcpLayout(Layout):
     """``{id}.metadata`` + ``{rank}_{id}.distcp`` files directly in the root."""
 
     name = "paddle-dcp"
+    resume_reads = "``{id}.metadata`` and every rank file it names (``load_state_dict``)"
     priority = LayoutTier.FRAMEWORK
 
     def guess_can_open(self, tree: Tree) -> bool:

@@ -20,6 +20,9 @@ class T5xLayout(Layout):
     """``checkpoint_N/checkpoint`` (msgpack) plus array directories."""
 
     name = "t5x"
+    resume_reads = (
+        "``checkpoint`` (msgpack) and every array directory it points to (``restore_checkpoint``)"
+    )
     priority = LayoutTier.CONVENTION
 
     def guess_can_open(self, tree: Tree) -> bool:

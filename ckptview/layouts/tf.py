@@ -97,6 +97,10 @@ class TFLayout(Layout):
     """Serials are bundle prefixes ``<name>-<N>``; the state file decides the latest."""
 
     name = "tf"
+    resume_reads = (
+        "``<prefix>.index`` and every ``.data-*`` shard "
+        "(``Checkpoint.restore``/``Saver.restore``); not ``.meta``"
+    )
     priority = LayoutTier.FRAMEWORK
 
     def guess_can_open(self, tree: Tree) -> bool:

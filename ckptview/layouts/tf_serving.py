@@ -24,6 +24,10 @@ class TFServingLayout(Layout):
     """Numbered version directories of SavedModels or SessionBundles."""
 
     name = "tf-serving"
+    resume_reads = (
+        "``saved_model.pb`` and ``variables/variables.{index,data-*}`` (or ``export.meta`` + "
+        "``export-*``) of the version"
+    )
     priority = LayoutTier.FRAMEWORK
 
     def guess_can_open(self, tree: Tree) -> bool:

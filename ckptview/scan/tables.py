@@ -250,7 +250,8 @@ def files_table(tree: Tree, found: TreeScan, results: list[FileResult],
         for rel in tree.files():
             if rel not in seen:
                 role = "state" if _is_state(rel) else "unclaimed"
-                rows.append((tree.url(rel), tree.size(rel), None, "", role, None, 0, None))
+                rows.append((tree.url(rel), tree.size(rel), None, "", role, None, 0,
+                             found.file_errors.get(rel)))  # fmt: skip
     df = pd.DataFrame(rows, columns=FILE_COLUMNS)
     df["serial"] = df["serial"].astype("Int64")
     df["codec"] = _none_or_str(df["codec"])
@@ -274,8 +275,12 @@ def _role(rel: str) -> str:
 
 
 def tree_warnings(files: pd.DataFrame) -> list[str]:
-    """Unclaimed files that look like checkpoints (a checkpoint suffix): outside every serial,
-    so no serial's verdict covers them."""
+    """Files outside every serial, so that no serial's verdict covers them: those the layout
+    could not place (with its reason) and unclaimed files with a checkpoint suffix."""
+    outside = files[files["serial"].isna()]
+    failed = outside[outside["error"].notna()]
+    out = [f"{p}: {e}" for p, e in zip(failed["path"], failed["error"], strict=True)]
     suffixes = registry.known_suffixes()
-    loose = files[(files["role"] == "unclaimed") & files["path"].str.lower().str.endswith(suffixes)]
-    return [f"{p}: a checkpoint-like file outside every serial" for p in loose["path"]]
+    rest = outside[outside["error"].isna() & (outside["role"] == "unclaimed")]
+    loose = rest["path"].str.lower().str.endswith(suffixes)
+    return out + [f"{p}: a checkpoint-like file outside every serial" for p in rest["path"][loose]]
