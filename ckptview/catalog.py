@@ -72,6 +72,11 @@ class Catalog:
         return self._scan.variables
 
     @property
+    def shards(self) -> pd.DataFrame:
+        """One row per stored piece of each variable: file, offsets, placement (§3b)."""
+        return self._scan.shards
+
+    @property
     def serials(self) -> pd.DataFrame:
         return self._scan.serials
 

@@ -52,6 +52,27 @@ class VarInfo:
         return n
 
 
+@dataclass
+class Piece:
+    """What makes a listed tensor one stored piece of a larger logical tensor (DESIGN.md §3b).
+
+    ``shape``: the full tensor's shape, None when only the pieces tell (the union of their
+    extents). ``offsets``: where the piece sits, None when derived from ``shard`` on
+    assembly. ``shard``: per sharded tensor dim, ``(dim, coordinate, mesh size or None)`` (a
+    DTensor ``Shard(dim)`` on a mesh dim): torch's chunking places coordinate ``c`` at
+    ``c * ceil(size / n)``. ``replica``: pieces with the same key hold the same values (a
+    ``Replicate()`` mesh dim); one of them is read. ``name``: the logical name when it is
+    not the listed one. ``placement``: free text for the shards table."""
+
+    shape: tuple[int, ...] | None = None
+    offsets: tuple[int, ...] | None = None
+    shard: tuple[tuple[int, int, int | None], ...] = ()
+    replica: tuple = ()
+    placement: str = ""
+    role: str = "data"
+    name: str | None = None
+
+
 # -- codec hints: what a layout knows about a file that helps its codec ---------------------
 _H = TypeVar("_H", bound="Hints")
 

@@ -12,12 +12,13 @@ import json
 import struct
 import threading
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
 from ..dtypes import np_dtype
 from ..io import Blob
-from ..model import Span, VarInfo
+from ..model import Piece, Span, VarInfo
 from .base import Codec, CodecTier, PartialRead
 
 #: the reference parser refuses larger headers
@@ -124,6 +125,8 @@ class SafetensorsCodec(Codec):
                 beyond.append(name)
                 continue
             append(var)
+        if meta and "DCP_SHARDING_INFO" in meta:
+            _mark_pieces(out, meta["DCP_SHARDING_INFO"])
         if beyond:
             raise PartialRead(
                 out,
@@ -237,3 +240,26 @@ _INFO = {code: _dtype_info(name) for code, name in DTYPES.items()}
 
 def _is_uint(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _mark_pieces(variables: list[VarInfo], info: Any) -> None:
+    """DCP-written shards (``HuggingFaceStorageWriter``): each tensor's ``saved_offsets`` in
+    the full tensor, from ``__metadata__["DCP_SHARDING_INFO"]`` (a JSON object)."""
+    try:
+        table = json.loads(info) if isinstance(info, str) else None
+    except ValueError:
+        table = None
+    if not isinstance(table, dict):
+        for var in variables:
+            var.error = var.error or "DCP_SHARDING_INFO is not a JSON object"
+        return
+    for var in variables:
+        entry = table.get(var.name)
+        offsets = entry.get("saved_offsets") if isinstance(entry, dict) else None
+        if offsets is None:
+            continue
+        if not (isinstance(offsets, list) and len(offsets) == len(var.shape)
+                and all(type(o) is int and o >= 0 for o in offsets)):  # fmt: skip
+            var.error = var.error or f"bad saved_offsets {offsets!r:.80}"
+            continue
+        var.attrs["piece"] = Piece(None, tuple(offsets), placement="DCP saved_offsets")

@@ -20,6 +20,9 @@ SHARD = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.(?P<ext>safetensors|bin)$")
 #: weight file stem -> the logical prefix of its variables
 WEIGHT_STEMS = {"model": "model", "pytorch_model": "model", "adapter_model": "adapter"}
 WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth")
+#: a rank's pieces written by DCP's ``HuggingFaceStorageWriter(save_distributed=True)``
+RANK_SHARD = re.compile(r"^shard-(?P<rank>\d{5})-(?P<stem>.+)-\d{5}-of-\d{5}\.safetensors$")
+RANK_DIR = "sharded"
 
 
 def read_json(tree: Tree, rel: str) -> Any:
@@ -70,6 +73,12 @@ def weight_refs(
             stem = m["stem"]
         if stem in WEIGHT_STEMS or m:
             refs.append(_weight_ref(tree, prefix + name, WEIGHT_STEMS.get(stem, stem)))
+    for rel in tree.files(under=prefix + RANK_DIR, depth=1):
+        m = RANK_SHARD.match(posixpath.basename(rel))
+        if m:  # pieces named like the consolidated tensors (their DCP_SHARDING_INFO places them)
+            ref = _weight_ref(tree, rel, WEIGHT_STEMS.get(m["stem"], m["stem"]))
+            ref.node = f"rank{int(m['rank'])}"
+            refs.append(ref)
     return refs, used
 
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from ..dtypes import dtype_name, np_dtype
 from ..io import Blob
-from ..model import Span, VarInfo
-from .pickle import ArrayRef, LazyBytes, Record, StorageRef, TensorRef
+from ..model import Piece, Span, VarInfo
+from .pickle import ArrayRef, DTensorRef, LazyBytes, Record, StorageRef, TensorRef
 from .torch_pickle import ZipRecord, read_view
 
 
@@ -148,12 +148,37 @@ def leaf_var(name: str, leaf: Any, blob: Blob, records: dict, big_endian: bool) 
     if isinstance(leaf, TensorRef):
         rec = records.get(leaf.storage.key) if leaf.storage is not None else None
         return tensor_var(name, leaf, rec, blob.path, big_endian)
+    if isinstance(leaf, DTensorRef):
+        return dtensor_var(name, leaf, blob, records, big_endian)
     if isinstance(leaf, StorageRef):
         t = TensorRef(leaf, 0, (leaf.numel,), (1,), leaf.dtype)
         return tensor_var(name, t, records.get(leaf.key), blob.path, big_endian)
     if isinstance(leaf, ArrayRef):
         return array_var(name, leaf, blob.path)
     return value_var(name, leaf)
+
+
+def dtensor_var(name: str, d: DTensorRef, blob: Blob, records: dict,
+                big_endian: bool) -> VarInfo | None:  # fmt: skip
+    """A DTensor's local tensor, marked as a piece of its global tensor (DESIGN.md §3b)."""
+    var = leaf_var(name, d.local, blob, records, big_endian)
+    if var is None:
+        return None
+    shard, replica = [], []
+    for i, placement in enumerate(d.placements):
+        coord = d.coordinate[i] if d.coordinate and i < len(d.coordinate) else None
+        size = d.mesh_shape[i] if d.mesh_shape and i < len(d.mesh_shape) else None
+        if placement.startswith("Shard(") and coord is not None:
+            shard.append((int(placement[6:-1]), coord, size))
+        elif placement.startswith("Shard("):
+            var.error = var.error or "DTensor shard without its mesh coordinate"
+        elif not placement.startswith("Replicate"):
+            var.error = var.error or f"DTensor placement {placement} is not read"
+        else:
+            replica.append(coord)
+    var.attrs["piece"] = Piece(d.global_shape, None, tuple(shard), tuple(replica),
+                               ", ".join(d.placements) or "DTensor")  # fmt: skip
+    return var
 
 
 def read_locator(blob: Blob, var: VarInfo) -> np.ndarray:

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from ..model import STAGE_DIR, Op, SerialInfo, TreeScan
+from ..model import STAGE_DIR, FileRef, Op, Piece, SerialInfo, TreeScan, VarInfo
 from ..registry import LayoutTier
 from ..tree import Tree
 
@@ -36,6 +36,12 @@ class Layout:
 
     def scan(self, tree: Tree) -> TreeScan:
         raise NotImplementedError
+
+    def piece(self, ref: FileRef, var: VarInfo) -> Piece | None:
+        """Whether a listed variable is a piece of a larger logical tensor, and where it sits
+        (DESIGN.md §3b), for layouts whose files do not say (Megatron tensor parallelism).
+        Called after listing; codecs mark the pieces they know in ``var.attrs["piece"]``."""
+        return None
 
     # -- management hooks (restore, retention): generic defaults; layouts override a few
 

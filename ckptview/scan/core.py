@@ -18,10 +18,12 @@ from ..model import FileRef, SerialInfo, TreeScan, VarInfo
 from ..tree import Tree
 from .cache import HeaderCache, resolve
 from .listing import FileResult, default_executor, run_listings
+from .logical import ASSEMBLED, Logical, assemble, iter_assembled, read_assembled
 from .tables import (
     files_table,
     metrics_table,
     serials_table,
+    shards_table,
     tree_warnings,
     var_name,
     variables_table,
@@ -47,6 +49,7 @@ class Scan:
         self._lock = threading.RLock()
         self._found: TreeScan | None = None
         self._results: list[FileResult] | None = None
+        self._logical: Logical | None = None
         self._tables: dict[str, pd.DataFrame] = {}
         self._index: dict[tuple[int, str, str], tuple[VarInfo, FileResult]] = {}
 
@@ -84,13 +87,25 @@ class Scan:
                 self._index = {}  # built on the first read (resolve): costly at 1e6 rows
             return self._results
 
+    def logical(self) -> Logical:
+        """The file results with each logical tensor's pieces assembled (DESIGN.md §3b)."""
+        results = self.file_results()
+        with self._lock:
+            if self._logical is None:
+                self._logical = assemble(results, self._piece_of)
+            return self._logical
+
+    def _piece_of(self, ref: FileRef, var: VarInfo):
+        piece = var.attrs.get("piece") if var.attrs else None
+        return piece if piece is not None else self.layout.piece(ref, var)
+
     def _run(self, jobs: list[tuple[int, FileRef]]) -> list[FileResult]:
         """List files through the header cache; misses run concurrently on the executor."""
         return run_listings(self.storage, self.tree, jobs, self.pool(), self.cache, self.progress)
 
     def __getstate__(self) -> dict:  # picklable for process executors (Dask diff/stats jobs)
         state = self.__dict__.copy()
-        state.update(_lock=None, executor=None, _tables={}, progress=None)
+        state.update(_lock=None, executor=None, _tables={}, progress=None, _logical=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -98,7 +113,7 @@ class Scan:
 
     def _build_index(self) -> None:
         self._index = {}
-        for res in self._results or []:
+        for res in self.logical().results:
             for var in res.variables:
                 name = var_name(res.ref, var)
                 self._index.setdefault((res.serial, res.ref.node, name), (var, res))
@@ -112,12 +127,17 @@ class Scan:
 
     @property
     def variables(self) -> pd.DataFrame:
-        return self._table("variables", lambda: variables_table(self.tree, self.file_results()))
+        return self._table("variables", lambda: variables_table(self.tree, self.logical().results))
+
+    @property
+    def shards(self) -> pd.DataFrame:
+        """One row per stored piece of every variable (DESIGN.md §3b)."""
+        return self._table("shards", lambda: shards_table(self.tree, self.logical()))
 
     @property
     def serials(self) -> pd.DataFrame:
         def build() -> pd.DataFrame:
-            results = self.file_results()
+            results = self.logical().results
             return serials_table(self.tree, self.tree_scan, results)
 
         return self._table("serials", build)
@@ -187,12 +207,26 @@ class Scan:
         return codec, self.storage.blob(res.ref.path, res.ref.size)
 
     def read(self, name: str, serial: int | None = None, node: str = "") -> np.ndarray:
-        """One variable's values (default serial: the latest)."""
+        """One variable's values (default serial: the latest); a logical tensor assembled
+        from its pieces."""
         var, res = self.resolve(name, serial, node)
         if var.error:
             raise ValueError(f"{name}: {var.error}")
+        if res.codec == ASSEMBLED:
+            return read_assembled(var, self._read_piece, self._chunk_piece)
+        return self._read_piece(res, var)
+
+    def _read_piece(self, res: FileResult, var: VarInfo) -> np.ndarray:
+        if var.error:
+            raise ValueError(f"{var.name}: {var.error}")
         codec, blob = self._codec_blob(res)
         return codec.read(blob, var)
+
+    def _chunk_piece(self, res: FileResult, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
+        if var.error:
+            raise ValueError(f"{var.name}: {var.error}")
+        codec, blob = self._codec_blob(res)
+        return codec.iter_chunks(blob, var, max_bytes)
 
     def iter_chunks(self, name: str, serial: int | None = None, node: str = "",
                     max_bytes: int = 64 << 20) -> Iterator[np.ndarray]:  # fmt: skip
@@ -200,8 +234,9 @@ class Scan:
         var, res = self.resolve(name, serial, node)
         if var.error:
             raise ValueError(f"{name}: {var.error}")
-        codec, blob = self._codec_blob(res)
-        return codec.iter_chunks(blob, var, max_bytes)
+        if res.codec == ASSEMBLED:
+            return iter_assembled(var, self._read_piece, self._chunk_piece, max_bytes)
+        return self._chunk_piece(res, var, max_bytes)
 
     def load(self, serial: int | None = None) -> dict[str, np.ndarray]:
         """Every variable of a serial keyed by name (``node/name`` where a name repeats)."""
@@ -220,6 +255,6 @@ class Scan:
         """Forget the listing and every table: the next access rescans the tree."""
         with self._lock:
             self.tree.forget()
-            self._found = self._results = None
+            self._found = self._results = self._logical = None
             self._tables = {}
             self._index = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 from datetime import datetime
+from typing import Any
 
 import pandas as pd
 
@@ -21,7 +22,11 @@ SERIAL_COLUMNS = [
 ]  # fmt: skip
 VARIABLE_COLUMNS = [
     "serial", "node", "name", "kind", "dtype", "shape", "numel", "nbytes", "file", "error",
-    "alias",
+    "alias", "n_shards", "quant",
+]  # fmt: skip
+SHARD_COLUMNS = [
+    "serial", "name", "node", "file", "stored_name", "offsets", "shape", "dtype", "nbytes",
+    "role", "placement",
 ]  # fmt: skip
 FILE_COLUMNS = ["path", "size", "serial", "node", "role", "codec", "n_variables", "error"]
 ROLES = ("data", "index", "marker", "state", "metadata", "unclaimed")
@@ -95,21 +100,27 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
             if nbytes is None:
                 nbytes = numel * itemsize(var.dtype) if var.dtype != "object" else 0
             attrs = var.attrs
-            alias = next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None) if attrs else None
+            if attrs:
+                alias = next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None)
+                shards, quant = attrs.get("n_shards", 1), attrs.get("quant")
+            else:
+                alias, shards, quant = None, 1, None
             append(
                 (serial, node, name, var.kind or ref_kind or guess_kind(name),
                  var.dtype, tuple(map(int, var.shape)), numel, int(nbytes), url, var.error,
-                 alias)
+                 alias, shards, quant)
             )  # fmt: skip
         if res.error and not foreign(res):
             rows.append(
                 (res.serial, res.ref.node, _file_row_name(res.ref), "other", "object", (),
-                 0, 0, url, res.error, None)
+                 0, 0, url, res.error, None, 0, None)
             )  # fmt: skip
     df = pd.DataFrame(rows, columns=VARIABLE_COLUMNS)
     df["error"] = _none_or_str(df["error"])
     df["alias"] = _none_or_str(df["alias"])
-    return df.astype({"serial": "int64", "numel": "int64", "nbytes": "int64"})
+    df["quant"] = _none_or_str(df["quant"])
+    return df.astype({"serial": "int64", "numel": "int64", "nbytes": "int64",
+                      "n_shards": "int64"})  # fmt: skip
 
 
 def foreign(res: FileResult) -> bool:
@@ -284,3 +295,31 @@ def tree_warnings(files: pd.DataFrame) -> list[str]:
     rest = outside[outside["error"].isna() & (outside["role"] == "unclaimed")]
     loose = rest["path"].str.lower().str.endswith(suffixes)
     return out + [f"{p}: a checkpoint-like file outside every serial" for p in rest["path"][loose]]
+
+
+def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
+    """One row per stored piece (DESIGN.md §3b): every piece of an assembled tensor with its
+    offsets and placement, and one piece per variable stored whole."""
+    url = tree.storage.url
+    rows: list[tuple] = []
+    for res in logical.results:
+        if res.codec == "(assembled)":
+            continue
+        for var in res.variables:
+            rows.append((res.serial, var_name(res.ref, var), res.ref.node, url(res.ref.path),
+                         var.name, (0,) * len(var.shape), tuple(map(int, var.shape)),
+                         var.dtype, _stored_nbytes(var), "data", ""))  # fmt: skip
+    for (serial, name), placed in logical.pieces.items():
+        for p in placed:
+            placement = p.piece.placement + (" (replica)" if p.copy else "")
+            rows.append((serial, name, p.res.ref.node, url(p.res.ref.path), p.var.name,
+                         p.offsets, tuple(map(int, p.var.shape)), p.var.dtype,
+                         _stored_nbytes(p.var), p.piece.role, placement))  # fmt: skip
+    df = pd.DataFrame(rows, columns=SHARD_COLUMNS)
+    return df.astype({"serial": "int64", "nbytes": "int64"})
+
+
+def _stored_nbytes(var: VarInfo) -> int:
+    if var.nbytes is not None:
+        return int(var.nbytes)
+    return var.numel * itemsize(var.dtype) if var.dtype != "object" else 0

@@ -54,6 +54,7 @@ from .standins import ArrayRef, DtypeRef, LazyBytes, Record, RestrictedUnpicklin
 from .torch_globals import (
     STORAGE_DTYPES,
     TORCH_DTYPES,
+    DTensorRef,
     StorageRef,
     StorageType,
     TensorRef,
@@ -63,7 +64,7 @@ from .vm import DISPATCH, LAZY_MIN, MAX_OBJECTS, Unpickler
 
 MAX_LEAVES = 1_000_000
 
-for _cls in (ArrayRef, DtypeRef, LazyBytes, Record, RestrictedUnpicklingError, StorageRef,
+for _cls in (ArrayRef, DTensorRef, DtypeRef, LazyBytes, Record, RestrictedUnpicklingError, StorageRef,
              StorageType, TensorRef, TorchDtype, Unpickler):  # fmt: skip
     _cls.__module__ = __name__  # the public home: reprs, docs and pickles name it
 
@@ -150,7 +151,8 @@ def _key(k: Any) -> str:
 
 __all__ = [
     "ALLOWED", "CHUNK", "DISPATCH", "InertClasses", "LAZY_MIN", "MAX_LEAVES", "MAX_LINE", "MAX_OBJECTS",
-    "RECORD_NAMES", "RECORD_PREFIXES", "STORAGE_DTYPES", "TORCH_DTYPES", "ArrayRef", "DtypeRef",
+    "RECORD_NAMES", "RECORD_PREFIXES", "STORAGE_DTYPES", "TORCH_DTYPES", "ArrayRef", "DTensorRef",
+    "DtypeRef",
     "LazyBytes", "Record", "RestrictedUnpicklingError", "StorageRef", "StorageType", "TensorRef",
     "TorchDtype", "Unpickler", "flatten", "is_leaf", "load_pickle", "resolve_global",
 ]  # fmt: skip

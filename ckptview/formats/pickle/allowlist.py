@@ -160,7 +160,8 @@ def _builtin_allowlist() -> dict[str, Any]:
 
 ALLOWED = _builtin_allowlist()
 RECORD_PREFIXES = (
-    "torch.distributed.checkpoint.", "paddle.", "transformers.", "accelerate.", "lightning.",
+    "torch.distributed.checkpoint.", "torch.distributed.tensor.", "torch.distributed.device_mesh.",
+    "torch.distributed._mesh_layout.", "paddle.", "transformers.", "accelerate.", "lightning.",
     "pytorch_lightning.", "lightning_fabric.", "omegaconf.", "datetime.", "enum.", "deepspeed.",
 )  # fmt: skip
 RECORD_NAMES = frozenset(

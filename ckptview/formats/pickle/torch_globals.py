@@ -138,6 +138,36 @@ def _rebuild_from_numpy(data, dtype, device=None, requires_grad=False):
     return t
 
 
+@dataclass(eq=False)
+class WrapperSubclass:
+    """``torch._utils._rebuild_wrapper_subclass``: a tensor subclass's outer shell (its
+    class, dtype and full size); the state applied by ``_rebuild_from_type_v2`` fills it."""
+
+    cls: Any
+    dtype: str
+    size: tuple[int, ...]
+
+
+@dataclass(eq=False)
+class DTensorRef:
+    """A pickled ``torch.distributed.tensor.DTensor``: this rank's local tensor and where it
+    sits in the global one (placements per mesh dim, the mesh's shape and this rank's
+    coordinate on it, when the pickle says)."""
+
+    local: TensorRef
+    global_shape: tuple[int, ...]
+    placements: tuple[str, ...]
+    mesh_shape: tuple[int, ...] | None
+    coordinate: tuple[int, ...] | None
+    dtype: str
+
+
+def _rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, device,
+                              requires_grad=False, *rest):  # fmt: skip
+    d = dtype.dtype if isinstance(dtype, TorchDtype) else "float32"
+    return WrapperSubclass(cls, d, ints(size, "size"))
+
+
 _OURS = (__name__, __name__.rsplit(".", 1)[0] + ".allowlist")  # the stand-in functions' modules
 
 
@@ -146,7 +176,60 @@ def _rebuild_from_type_v2(func, new_type, args, state):
         raise RestrictedUnpicklingError("_rebuild_from_type_v2 of a non-rebuild function")
     if getattr(func, "__module__", None) not in _OURS:
         raise RestrictedUnpicklingError("_rebuild_from_type_v2 of a foreign function")
-    return func(*args)
+    out = func(*args)
+    if isinstance(out, WrapperSubclass):
+        return _dtensor(out, state)
+    return out
+
+
+def _dtensor(shell: WrapperSubclass, state: Any) -> DTensorRef:
+    """The DTensor a wrapper shell and its state dict (``_local_tensor``, ``_spec``) make."""
+    name = getattr(shell.cls, "qualname", "")
+    if isinstance(state, tuple) and len(state) == 2:  # (__dict__, slots)
+        state = {**(state[0] or {}), **(state[1] or {})} if all(
+            isinstance(s, dict) or s is None for s in state) else None  # fmt: skip
+    local = state.get("_local_tensor") if isinstance(state, dict) else None
+    if not name.endswith(".DTensor") or not isinstance(local, TensorRef):
+        raise RestrictedUnpicklingError(f"tensor subclass {name or shell.cls!r} is not read")
+    spec = _fields(state.get("_spec"))
+    placements = tuple(_placement(p) for p in spec.get("placements") or ())
+    mesh = _fields(spec.get("mesh"))
+    coordinate = mesh.get("_coordinate_on_dim")
+    coordinate = tuple(coordinate) if isinstance(coordinate, (tuple, list)) else None
+    return DTensorRef(local, shell.size, placements, _mesh_shape(mesh), coordinate, shell.dtype)
+
+
+def _fields(rec: Any) -> dict:
+    fields = getattr(rec, "fields", None)
+    return fields() if callable(fields) else {}
+
+
+def _placement(p: Any) -> str:
+    """``Shard(dim=0)`` -> "Shard(0)"; ``Replicate()``; ``Partial(sum)``; else the class name."""
+    kind = getattr(p, "cls", "").rsplit(".", 1)[-1]
+    f = _fields(p)
+    if kind in ("Shard", "_StridedShard") and isinstance(f.get("dim"), int):
+        return f"Shard({f['dim']})" if kind == "Shard" else f"_StridedShard({f['dim']})"
+    if kind == "Partial":
+        return f"Partial({f.get('reduce_op', 'sum')})"
+    return f"{kind or type(p).__name__}()"
+
+
+def _mesh_shape(mesh: dict) -> tuple[int, ...] | None:
+    """The device mesh's shape: its ``mesh`` tensor (torch < 2.10) or its layout's axes."""
+    t = mesh.get("mesh")
+    if isinstance(t, TensorRef):
+        return t.size
+    axes = _fields(mesh.get("_layout")).get("axes")
+    if isinstance(axes, (tuple, list)):
+        shape: tuple[int, ...] = ()
+        for axis in axes:
+            dims = _fields(axis).get("shape")
+            if not isinstance(dims, (tuple, list)) or not all(isinstance(d, int) for d in dims):
+                return None
+            shape += tuple(dims)
+        return shape or None
+    return None
 
 
 def _str_of(*args) -> str:
@@ -171,6 +254,7 @@ def torch_globals() -> dict[str, Any]:
     table["torch._utils._rebuild_meta_tensor_no_storage"] = _rebuild_meta
     table["torch._utils._rebuild_device_tensor_from_numpy"] = _rebuild_from_numpy
     table["torch._tensor._rebuild_from_type_v2"] = _rebuild_from_type_v2
+    table["torch._utils._rebuild_wrapper_subclass"] = _rebuild_wrapper_subclass
     for cls, dt in STORAGE_DTYPES.items():
         for mod in ("torch", "torch.cuda", "torch.storage"):
             table[f"{mod}.{cls}"] = StorageType(cls, dt)

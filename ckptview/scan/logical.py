@@ -1,0 +1,226 @@
+"""Logical tensors (DESIGN.md §3b): the pieces a serial's files hold, grouped by the tensor
+they belong to, placed, and read back as one array.
+
+A listed variable is a piece when its codec marked it (``VarInfo.attrs["piece"]``: a DTensor
+shard, a DCP-written safetensors slice) or its layout says so (:meth:`Layout.piece`: Megatron
+tensor-parallel shards). Pieces of one serial with the same catalog name become one
+assembled variable: node ``""``, the full shape, ``n_shards``, and a locator listing each
+piece with its offsets. A tensor also stored whole in the serial (a consolidated copy beside
+the shards) stays that one row; its pieces are still listed in the shards table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..dtypes import itemsize, np_dtype
+from ..model import FileRef, Piece, VarInfo
+from .listing import FileResult
+from .tables import var_name
+
+#: the codec name of the synthetic results holding assembled variables
+ASSEMBLED = "(assembled)"
+
+PieceOf = Callable[[FileRef, VarInfo], "Piece | None"]
+ReadPiece = Callable[[FileResult, VarInfo], np.ndarray]
+ChunkPiece = Callable[[FileResult, VarInfo, int], Iterator[np.ndarray]]
+
+
+@dataclass
+class Placed:
+    """One stored piece of a logical tensor: its listing, its file's result and where it sits
+    (``offsets``); ``copy``: a replica of another piece (listed, not read)."""
+
+    var: VarInfo
+    res: FileResult
+    offsets: tuple[int, ...]
+    piece: Piece
+    copy: bool = False
+
+
+@dataclass
+class Logical:
+    """The logical view of a scan: results with assembled variables, and every piece."""
+
+    results: list[FileResult]
+    #: (serial, catalog name) -> its pieces (assembled tensors and shadowed pieces alike)
+    pieces: dict[tuple[int, str], list[Placed]] = field(default_factory=dict)
+
+
+def assemble(results: list[FileResult], piece_of: PieceOf) -> Logical:
+    """Group the pieces of each serial into logical variables (the rest pass unchanged)."""
+    groups: dict[tuple[int, str], list[tuple[VarInfo, FileResult, Piece]]] = {}
+    kept: list[FileResult] = []
+    whole: set[tuple[int, str]] = set()
+    for res in results:
+        plain = []
+        for var in res.variables:
+            piece = piece_of(res.ref, var)
+            if piece is None:
+                plain.append(var)
+                if not res.ref.node:
+                    whole.add((res.serial, var_name(res.ref, var)))
+                continue
+            name = piece.name or var_name(res.ref, var)
+            groups.setdefault((res.serial, name), []).append((var, res, piece))
+        kept.append(res if len(plain) == len(res.variables) else replace(res, variables=plain))
+    if not groups:
+        return Logical(results)
+    out = Logical(kept)
+    synthetic: dict[tuple[int, str], FileResult] = {}
+    for (serial, name), members in groups.items():
+        var, placed = _assembled(name, members)
+        out.pieces[(serial, name)] = placed
+        if (serial, name) in whole:
+            continue  # stored whole too: that row reads it; the pieces stay in the shards
+        first = members[0][1].ref
+        key = (serial, first.path)
+        if key not in synthetic:
+            ref = FileRef(first.path, node="", size=first.size, required=first.required)
+            synthetic[key] = FileResult(serial, ref, ASSEMBLED, [])
+            out.results.append(synthetic[key])
+        synthetic[key].variables.append(var)
+    return out
+
+
+def _assembled(name: str, members: list[tuple[VarInfo, FileResult, Piece]]
+               ) -> tuple[VarInfo, list[Placed]]:  # fmt: skip
+    """The logical variable of one group of pieces, and the pieces placed."""
+    first_var, first_res, first_piece = members[0]
+    shape = first_piece.shape
+    errors = [f"{_where(r)}: {v.error}" for v, r, _ in members if v.error]
+    placed = _place(members)
+    if shape is None:  # only the pieces tell: the union of their extents
+        shape = tuple(max(p.offsets[d] + p.var.shape[d] for p in placed)
+                      for d in range(len(first_var.shape)))  # fmt: skip
+    dtype = first_var.dtype
+    var = VarInfo("", dtype, tuple(shape), kind=first_var.kind or first_res.ref.kind)
+    var.name = name
+    var.nbytes = sum(_nbytes(p.var) for p in placed)
+    var.locator = placed
+    var.attrs = {"n_shards": len(placed), "placement": first_piece.placement}
+    if any(p.var.dtype != dtype for p in placed):
+        errors.append(f"pieces of different dtypes ({sorted({p.var.dtype for p in placed})})")
+    errors += _coverage(tuple(shape), placed)
+    if errors:
+        var.error = "; ".join(dict.fromkeys(errors))[:500]
+    return var, placed
+
+
+def _place(members: list[tuple[VarInfo, FileResult, Piece]]) -> list[Placed]:
+    """Each piece with its offsets: given, or from its shard coordinates (torch's chunking:
+    coordinate ``c`` of ``n`` starts at ``c * ceil(size / n)``); replicas marked as copies."""
+    seen: set = set()
+    out = []
+    ndim = len(members[0][0].shape)
+    counts: dict[int, int] = {}
+    for _v, _r, piece in members:
+        for dim, coord, n in piece.shard:
+            counts[dim] = max(counts.get(dim, 0), n or 0, coord + 1)
+    for var, res, piece in members:
+        offsets = piece.offsets
+        if offsets is None:
+            full = piece.shape or var.shape
+            at = [0] * ndim
+            for dim, coord, n in piece.shard:
+                if dim < ndim:
+                    at[dim] = coord * math.ceil(full[dim] / (n or counts[dim]))
+            offsets = tuple(at)
+        key = (offsets, tuple(var.shape))
+        out.append(Placed(var, res, tuple(offsets), piece, copy=key in seen))
+        seen.add(key)
+    return out
+
+
+def _coverage(shape: tuple[int, ...], placed: list[Placed]) -> list[str]:
+    """Problems with how the pieces tile the tensor: out of bounds or not covering it."""
+    errors = []
+    covered = 0
+    for p in placed:
+        if p.copy:
+            continue
+        if (
+            len(p.offsets) != len(shape)
+            or len(p.var.shape) != len(shape)
+            or any(
+                o < 0 or o + s > d for o, s, d in zip(p.offsets, p.var.shape, shape, strict=True)
+            )
+        ):
+            errors.append(f"{_where(p.res)}: piece {p.var.shape} at {p.offsets} outside {shape}")
+            continue
+        covered += p.var.numel
+    total = math.prod(shape)
+    if not errors and covered < total:
+        have = sorted({p.res.ref.node or _where(p.res) for p in placed})
+        errors.append(
+            f"pieces cover {covered} of {total} elements: a piece is missing "
+            f"(pieces from {', '.join(have)})"
+        )
+    elif not errors and covered > total:
+        errors.append(f"pieces overlap: {covered} elements for a tensor of {total}")
+    return errors
+
+
+def _nbytes(var: VarInfo) -> int:
+    if var.nbytes is not None:
+        return int(var.nbytes)
+    return var.numel * itemsize(var.dtype) if var.dtype != "object" else 0
+
+
+def _where(res: FileResult) -> str:
+    return res.ref.path.rsplit("/", 1)[-1]
+
+
+# -- reading ----------------------------------------------------------------------------------
+def read_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
+                   max_bytes: int = 64 << 20) -> np.ndarray:  # fmt: skip
+    """The full tensor, filled piece by piece into one preallocated array: a piece that is
+    contiguous in the result (split on the first axis) streams in chunks, others are read
+    whole (peak: the result plus one piece)."""
+    if var.error:
+        raise ValueError(f"{var.name}: {var.error}")
+    out = np.empty(var.shape, dtype=np_dtype(var.dtype))
+    flat = out.reshape(-1)
+    for p in var.locator:
+        if p.copy:
+            continue
+        if _rows(p, var.shape):
+            at = _flat_start(p.offsets, var.shape)
+            for chunk in chunk_piece(p.res, p.var, max_bytes):
+                flat[at : at + chunk.size] = chunk.reshape(-1)
+                at += chunk.size
+            continue
+        index = tuple(slice(o, o + s) for o, s in zip(p.offsets, p.var.shape, strict=True))
+        out[index] = read_piece(p.res, p.var)
+    return out
+
+
+def iter_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
+                   max_bytes: int) -> Iterator[np.ndarray]:  # fmt: skip
+    """The tensor's values in C order as flat chunks: piece by piece when the pieces split it
+    on the first axis (memory: one chunk), else assembled first."""
+    if var.error:
+        raise ValueError(f"{var.name}: {var.error}")
+    pieces = sorted((p for p in var.locator if not p.copy), key=lambda p: p.offsets)
+    if all(_rows(p, var.shape) for p in pieces):
+        for p in pieces:
+            for chunk in chunk_piece(p.res, p.var, max_bytes):
+                yield chunk.reshape(-1)
+        return
+    flat = read_assembled(var, read_piece, chunk_piece, max_bytes).reshape(-1)
+    step = max(1, max_bytes // max(1, flat.itemsize))
+    for at in range(0, flat.size, step):
+        yield flat[at : at + step]
+
+
+def _rows(p: Placed, shape: tuple[int, ...]) -> bool:
+    """Whether a piece is a block of whole rows (contiguous in the C-ordered result)."""
+    return tuple(p.var.shape[1:]) == tuple(shape[1:]) and all(o == 0 for o in p.offsets[1:])
+
+
+def _flat_start(offsets: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    return offsets[0] * math.prod(shape[1:]) if shape else 0
