@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from .engine import diff as _diff
+from .engine import export as _export
 from .engine import restore as _restore
 from .engine import retention as _retention
 from .engine import stats as _stats
@@ -110,9 +111,12 @@ class Catalog:
         """The header record of one variable."""
         return self._scan.resolve(name, serial, node)[0]
 
-    def read(self, name: str, serial: int | None = None, node: str = "") -> np.ndarray:
-        """One variable's values (default serial: the latest)."""
-        return self._scan.read(name, serial, node)
+    def read(self, name: str, serial: int | None = None, node: str = "",
+             dequantize: bool = True) -> np.ndarray:  # fmt: skip
+        """One variable's values (default serial: the latest): a logical tensor assembled
+        from its pieces, a quantized group dequantized (``dequantize=False``: its stored
+        weight or blocks)."""
+        return self._scan.read(name, serial, node, dequantize)
 
     def iter_chunks(self, name: str, serial: int | None = None, node: str = "",
                     max_bytes: int = 64 << 20):  # fmt: skip
@@ -152,6 +156,17 @@ class Catalog:
     def restore(self, serial: int, to=None, dry_run: bool = False, **kwargs):
         """Copy ``serial`` to ``to``, or promote it in place; never deletes."""
         return _restore.restore(self._scan, serial, to, dry_run, **kwargs)
+
+    def export(self, serial: int | None = None, to=None, names: list[str] | None = None,
+               max_shard_bytes: int = _export.DEFAULT_MAX_SHARD, dequantize: bool = False,
+               dry_run: bool = False, **kwargs) -> _export.ExportResult:  # fmt: skip
+        """Write a serial's logical tensors as safetensors in the new directory ``to``
+        (shards and ``model.safetensors.index.json`` above ``max_shard_bytes``), one tensor
+        at a time, journaled, committed by a rename last (DESIGN.md §3b)."""
+        if to is None:
+            raise ValueError("export needs a target: to=URL")
+        return _export.export(self._scan, serial, to, names, max_shard_bytes, dequantize,
+                              dry_run, **kwargs)  # fmt: skip
 
     def plan_retention(self, keep_last=None, keep_every=None, keep_best=None, pinned=(),
                        older_than=None, **kwargs) -> pd.DataFrame:  # fmt: skip

@@ -21,6 +21,8 @@ ML_DTYPE_NAMES = (
     "float8_e4m3b11fnuz",
     "float8_e8m0fnu",
     "float4_e2m1fn",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
     "int4",
     "uint4",
 )
@@ -95,6 +97,23 @@ def itemsize(name: str) -> int:
     if name == "object":
         return 0
     return np_dtype(name).itemsize
+
+
+def packed_nbytes(numel: int, bits: int) -> int:
+    """Bytes of ``numel`` values packed ``bits`` to a value (safetensors F4, F6)."""
+    return (numel * bits + 7) // 8
+
+
+def unpack_bits(data: bytes, numel: int, bits: int) -> np.ndarray:
+    """``numel`` values of ``bits`` bits packed little-endian (value ``i`` in bits
+    ``i*bits ..``, the first value in the low bits of the first byte), as uint8 codes."""
+    raw = np.frombuffer(data, dtype=np.uint8, count=packed_nbytes(numel, bits))
+    if bits == 4:
+        out = np.empty(raw.size * 2, dtype=np.uint8)
+        out[0::2], out[1::2] = raw & 0x0F, raw >> 4
+        return out[:numel]
+    stream = np.unpackbits(raw, bitorder="little")[: numel * bits].reshape(numel, bits)
+    return np.packbits(stream, axis=1, bitorder="little").reshape(numel)
 
 
 def is_numeric(name: str) -> bool:

@@ -10,7 +10,10 @@ _RULES: list[tuple[str, re.Pattern]] = [
         "rng",
         re.compile(r"(^|/)(rng|rng_state|random|torch_rng|cuda_rng|python_rng|numpy_rng)", re.I),
     ),
-    ("scheduler", re.compile(r"(^|/)(scheduler|lr_scheduler|lr_schedulers)(/|$)", re.I)),
+    (
+        "scheduler",
+        re.compile(r"(^|/)(scheduler|lr_scheduler|lr_schedulers|opt_param_scheduler)(/|$)", re.I),
+    ),
     ("lookup_table", re.compile(r"(^|/)(__lookup_table__|lookup_table)", re.I)),
     (
         "optimizer",
@@ -21,7 +24,14 @@ _RULES: list[tuple[str, re.Pattern]] = [
             re.I,
         ),
     ),
-    ("trainer", re.compile(r"(^|/)(epoch_id|step_id|epoch|global_step|step|trainer_state)$", re.I)),
+    (
+        "trainer",
+        re.compile(
+            r"(^|/)(epoch_id|step_id|epoch|global_step|step|trainer_state|iteration"
+            r"|checkpoint_version|num_floating_point_operations_so_far)$|^args/",
+            re.I,
+        ),
+    ),
 ]
 
 

@@ -62,7 +62,11 @@ class Piece:
     DTensor ``Shard(dim)`` on a mesh dim): torch's chunking places coordinate ``c`` at
     ``c * ceil(size / n)``. ``replica``: pieces with the same key hold the same values (a
     ``Replicate()`` mesh dim); one of them is read. ``name``: the logical name when it is
-    not the listed one. ``placement``: free text for the shards table."""
+    not the listed one. ``placement``: free text for the shards table. ``blocks``: the piece
+    is that many equal parts along its (first) sharded dim, part ``j`` landing in the ``j``-th
+    equal part of the full tensor (Megatron's SwiGLU ``linear_fc1``: rank ``r`` holds
+    ``[gate_r; up_r]``). With ``shape`` None, coordinate ``c`` starts at ``c`` times the
+    piece's extent (Megatron's even tensor-parallel split)."""
 
     shape: tuple[int, ...] | None = None
     offsets: tuple[int, ...] | None = None
@@ -71,6 +75,19 @@ class Piece:
     placement: str = ""
     role: str = "data"
     name: str | None = None
+    blocks: int = 1
+
+
+def inline_value(var: VarInfo) -> Any:
+    """The value of a plain (non-tensor) variable a codec kept in the listing (a pickled
+    ``int``, ``bool`` or ``str``), else None."""
+    loc = var.locator
+    if not (isinstance(loc, tuple) and len(loc) == 2 and loc[0] == "value"):
+        return None
+    value = loc[1]
+    if getattr(value, "shape", None) == ():  # a 0-d numpy array or scalar
+        return value.item()
+    return value
 
 
 # -- codec hints: what a layout knows about a file that helps its codec ---------------------

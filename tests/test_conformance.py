@@ -60,9 +60,9 @@ LAYOUTS = {
     "keras": {"files"},
     # large-model trees (corpus/llm): the layouts that read them today, and the dedicated ones
     # that will (DESIGN.md §3b)
-    "fsdp-verl": {"numbered", "fsdp-verl"},
+    "fsdp-verl": {"fsdp-verl"},
     "megatron-dist": {"dcp", "megatron-dist"},
-    "megatron-legacy": {"numbered", "megatron-legacy"},
+    "megatron-legacy": {"megatron-legacy"},
     "dcp-hf-safetensors": {"numbered", "dcp-hf"},
     "deepspeed-zero": {"deepspeed"},
     "safetensors-fp8": {"files"},
@@ -70,7 +70,7 @@ LAYOUTS = {
     "gguf": {"files", "gguf"},
 }
 #: families no codec reads yet (DESIGN.md §3b): their trees list files, not values
-UNREAD = {"gguf"}
+UNREAD: set[str] = set()
 #: large-model trees whose resume point needs the readers of DESIGN.md §3b (not built yet)
 LLM_GAPS: dict[str, str] = {}
 

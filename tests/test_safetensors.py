@@ -126,7 +126,7 @@ def test_all_dtypes_round_trip(tmp_path):
 
 
 def test_unknown_dtype_is_opaque_bytes(tmp_path):
-    (tmp_path / "x.safetensors").write_bytes(st_bytes({"q": ("F4", [4], b"\x12\x34")}))
+    (tmp_path / "x.safetensors").write_bytes(st_bytes({"q": ("F3_NEW", [4], b"\x12\x34")}))
     cat = cv.open(tmp_path / "x.safetensors")
     row = cat.variables.iloc[0]
     assert row["dtype"] == "object" and row["nbytes"] == 2 and pd.isna(row["error"])

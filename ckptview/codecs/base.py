@@ -64,6 +64,10 @@ class Codec:
             raise NotImplementedError(f"{self.name}: no reader for {var.name}")
         return read_span(blob.storage, var)
 
+    def read_stored(self, blob: Blob, var: VarInfo) -> np.ndarray:
+        """A quantized variable's values as stored (its blocks); default: :meth:`read`."""
+        return self.read(blob, var)
+
     def iter_chunks(self, blob: Blob, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
         """Flat (1-D, C-order) pieces of a variable's values, each about ``max_bytes``."""
         if var.span is not None and var.span.order == "C" and var.dtype != "object":

@@ -16,37 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import np_dtype
+from ..dtypes import np_dtype, packed_nbytes, unpack_bits
+from ..formats.safetensors import DTYPES, PACKED
 from ..io import Blob
 from ..model import Piece, Span, VarInfo
 from .base import Codec, CodecTier, PartialRead
 
 #: the reference parser refuses larger headers
 MAX_HEADER = 100 * 1024 * 1024
-
-#: safetensors dtype code -> ckptview dtype name
-DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz",
-    "F8_E8M0": "float8_e8m0fnu",
-    "C64": "complex64",
-    "C128": "complex128",
-}
 
 
 class SafetensorsCodec(Codec):
@@ -139,7 +116,18 @@ class SafetensorsCodec(Codec):
         if var.dtype == "object":  # unknown dtype code: the raw bytes
             data = blob.read(var.span.offset, var.span.length)
             return np.frombuffer(data, dtype=np.uint8)
+        packed = PACKED.get(var.attrs.get("safetensors_dtype", ""))
+        if packed is not None:
+            data = blob.read(var.span.offset, var.span.length)
+            codes = unpack_bits(data, var.numel, packed[1])
+            return codes.view(np_dtype(var.dtype)).reshape(var.shape)
         return super().read(blob, var)
+
+    def iter_chunks(self, blob: Blob, var: VarInfo, max_bytes: int):
+        if var.attrs.get("safetensors_dtype") in PACKED:
+            yield self.read(blob, var).reshape(-1)
+            return
+        yield from super().iter_chunks(blob, var, max_bytes)
 
 
 def read_header(blob: Blob) -> tuple[dict, int]:
@@ -214,8 +202,16 @@ def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
         return VarInfo(name, "object", tuple(shape), error=f"data_offsets {offsets} decrease")
     span = Span(path, data_start + begin, end - begin)
     attrs = {"safetensors_dtype": code}
+    if code in PACKED:
+        dtype, bits = PACKED[code]
+        var = VarInfo(name, dtype, tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
+        span.disk_dtype = f"packed{bits}"
+        want = packed_nbytes(var.numel, bits)
+        if want != end - begin:
+            var.error = f"{code}{list(shape)} needs {want} bytes, data_offsets give {end - begin}"
+        return var
     info = _INFO.get(code) if isinstance(code, str) else None
-    if info is None:  # newer (sub-byte …) codes: listed as opaque bytes
+    if info is None:  # unknown codes: listed as opaque bytes
         return VarInfo(name, "object", tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
     dtype, itemsize, disk = info
     var = VarInfo(name, dtype, tuple(shape), nbytes=end - begin, span=span, attrs=attrs)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from ..dtypes import is_numeric, itemsize, np_dtype
+from ..dtypes import is_numeric, itemsize, np_dtype, packed_nbytes
 from ..formats.zipdir import STORED, locate, read_directory
 from ..model import VarInfo
 from ..scan.core import Scan
@@ -77,6 +77,8 @@ def _file_checks(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
 
 def _expected_bytes(var: VarInfo) -> int | None:
     disk = var.span.disk_dtype if var.span is not None else None
+    if disk and disk.startswith("packed"):
+        return packed_nbytes(var.numel, int(disk[6:]))
     try:
         size = np_dtype(disk).itemsize if disk else itemsize(var.dtype)
     except (TypeError, ValueError):

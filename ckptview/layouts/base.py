@@ -37,10 +37,11 @@ class Layout:
     def scan(self, tree: Tree) -> TreeScan:
         raise NotImplementedError
 
-    def piece(self, ref: FileRef, var: VarInfo) -> Piece | None:
-        """Whether a listed variable is a piece of a larger logical tensor, and where it sits
-        (DESIGN.md §3b), for layouts whose files do not say (Megatron tensor parallelism).
-        Called after listing; codecs mark the pieces they know in ``var.attrs["piece"]``."""
+    def pieces(self, ref: FileRef, variables: list[VarInfo]) -> list[Piece | None] | None:
+        """Which of a file's listed variables are pieces of larger logical tensors, and where
+        they sit (DESIGN.md §3b), for layouts whose files do not say (Megatron tensor
+        parallelism); None: none. Called after listing; codecs mark the pieces they know in
+        ``var.attrs["piece"]``, and those marks win."""
         return None
 
     # -- management hooks (restore, retention): generic defaults; layouts override a few

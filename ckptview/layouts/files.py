@@ -7,7 +7,7 @@ from ..tree import Tree
 from .base import Layout, LayoutTier, single_serial_refusal
 
 #: files that never hold variables
-SKIP_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".lock", ".log", ".csv", ".py", ".sh")
+SKIP_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".lock", ".log", ".csv", ".py", ".sh", ".json")
 
 
 class FilesLayout(Layout):

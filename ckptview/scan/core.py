@@ -18,7 +18,9 @@ from ..model import FileRef, SerialInfo, TreeScan, VarInfo
 from ..tree import Tree
 from .cache import HeaderCache, resolve
 from .listing import FileResult, default_executor, run_listings
-from .logical import ASSEMBLED, Logical, assemble, iter_assembled, read_assembled
+from .logical import ASSEMBLED, Logical, Placed, assemble, iter_assembled, read_assembled
+from .quant import QUANTIZED, iter_quantized, read_quantized
+from .quant import group as group_quantized
 from .tables import (
     files_table,
     metrics_table,
@@ -92,12 +94,22 @@ class Scan:
         results = self.file_results()
         with self._lock:
             if self._logical is None:
-                self._logical = assemble(results, self._piece_of)
+                grouped, quantized = group_quantized(results)
+                logical = assemble(grouped, self._pieces_of)
+                for key, members in quantized.items():
+                    logical.pieces[key] = [Placed(v, r, (0,) * len(v.shape), p)
+                                           for v, r, p in members]  # fmt: skip
+                self._logical = logical
             return self._logical
 
-    def _piece_of(self, ref: FileRef, var: VarInfo):
-        piece = var.attrs.get("piece") if var.attrs else None
-        return piece if piece is not None else self.layout.piece(ref, var)
+    def _pieces_of(self, ref: FileRef, variables: list[VarInfo]) -> list:
+        """Each variable's piece: marked by its codec, else as its layout says."""
+        marked = [var.attrs.get("piece") if var.attrs else None for var in variables]
+        if any(p is None for p in marked):
+            told = self.layout.pieces(ref, variables)
+            if told is not None:
+                marked = [m if m is not None else t for m, t in zip(marked, told, strict=True)]
+        return marked
 
     def _run(self, jobs: list[tuple[int, FileRef]]) -> list[FileResult]:
         """List files through the header cache; misses run concurrently on the executor."""
@@ -206,14 +218,20 @@ class Scan:
         codec = registry.get_codec(res.codec)
         return codec, self.storage.blob(res.ref.path, res.ref.size)
 
-    def read(self, name: str, serial: int | None = None, node: str = "") -> np.ndarray:
+    def read(self, name: str, serial: int | None = None, node: str = "",
+             dequantize: bool = True) -> np.ndarray:  # fmt: skip
         """One variable's values (default serial: the latest); a logical tensor assembled
-        from its pieces."""
+        from its pieces; a quantized group dequantized, or its stored weight."""
         var, res = self.resolve(name, serial, node)
         if var.error:
             raise ValueError(f"{name}: {var.error}")
         if res.codec == ASSEMBLED:
             return read_assembled(var, self._read_piece, self._chunk_piece)
+        if res.codec == QUANTIZED:
+            return read_quantized(var, self._read_piece, dequantize)
+        if not dequantize and var.attrs.get("quant"):
+            codec, blob = self._codec_blob(res)
+            return codec.read_stored(blob, var)
         return self._read_piece(res, var)
 
     def _read_piece(self, res: FileResult, var: VarInfo) -> np.ndarray:
@@ -221,6 +239,14 @@ class Scan:
             raise ValueError(f"{var.name}: {var.error}")
         codec, blob = self._codec_blob(res)
         return codec.read(blob, var)
+
+    def piece_name(self, res: FileResult, var: VarInfo) -> str:
+        """The catalog name of a stored variable (prefix included)."""
+        return var_name(res.ref, var)
+
+    def iter_piece(self, res: FileResult, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
+        """One stored variable's values as flat chunks (a piece of a logical tensor)."""
+        return self._chunk_piece(res, var, max_bytes)
 
     def _chunk_piece(self, res: FileResult, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
         if var.error:
@@ -236,6 +262,8 @@ class Scan:
             raise ValueError(f"{name}: {var.error}")
         if res.codec == ASSEMBLED:
             return iter_assembled(var, self._read_piece, self._chunk_piece, max_bytes)
+        if res.codec == QUANTIZED:
+            return iter_quantized(var, self._read_piece, max_bytes)
         return self._chunk_piece(res, var, max_bytes)
 
     def load(self, serial: int | None = None) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from .tables import var_name
 #: the codec name of the synthetic results holding assembled variables
 ASSEMBLED = "(assembled)"
 
-PieceOf = Callable[[FileRef, VarInfo], "Piece | None"]
+PiecesOf = Callable[[FileRef, list[VarInfo]], "list[Piece | None]"]
 ReadPiece = Callable[[FileResult, VarInfo], np.ndarray]
 ChunkPiece = Callable[[FileResult, VarInfo, int], Iterator[np.ndarray]]
 
@@ -33,13 +33,28 @@ ChunkPiece = Callable[[FileResult, VarInfo, int], Iterator[np.ndarray]]
 @dataclass
 class Placed:
     """One stored piece of a logical tensor: its listing, its file's result and where it sits
-    (``offsets``); ``copy``: a replica of another piece (listed, not read)."""
+    (``offsets``); ``rows``: the part of the stored tensor it is (a range on the first axis),
+    None for all of it; ``copy``: a replica of another piece (listed, not read)."""
 
     var: VarInfo
     res: FileResult
     offsets: tuple[int, ...]
     piece: Piece
     copy: bool = False
+    rows: tuple[int, int] | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.rows is None:
+            return tuple(self.var.shape)
+        return (self.rows[1] - self.rows[0], *self.var.shape[1:])
+
+    @property
+    def nbytes(self) -> int:
+        whole = _nbytes(self.var)
+        if self.rows is None or not self.var.shape or not self.var.shape[0]:
+            return whole
+        return whole * (self.rows[1] - self.rows[0]) // int(self.var.shape[0])
 
 
 @dataclass
@@ -51,15 +66,17 @@ class Logical:
     pieces: dict[tuple[int, str], list[Placed]] = field(default_factory=dict)
 
 
-def assemble(results: list[FileResult], piece_of: PieceOf) -> Logical:
+def assemble(results: list[FileResult], pieces_of: PiecesOf) -> Logical:
     """Group the pieces of each serial into logical variables (the rest pass unchanged)."""
     groups: dict[tuple[int, str], list[tuple[VarInfo, FileResult, Piece]]] = {}
     kept: list[FileResult] = []
     whole: set[tuple[int, str]] = set()
     for res in results:
+        if res.codec and res.codec.startswith("("):  # synthetic (quantized groups)
+            kept.append(res)
+            continue
         plain = []
-        for var in res.variables:
-            piece = piece_of(res.ref, var)
+        for var, piece in zip(res.variables, pieces_of(res.ref, res.variables), strict=True):
             if piece is None:
                 plain.append(var)
                 if not res.ref.node:
@@ -95,14 +112,15 @@ def _assembled(name: str, members: list[tuple[VarInfo, FileResult, Piece]]
     errors = [f"{_where(r)}: {v.error}" for v, r, _ in members if v.error]
     placed = _place(members)
     if shape is None:  # only the pieces tell: the union of their extents
-        shape = tuple(max(p.offsets[d] + p.var.shape[d] for p in placed)
+        shape = tuple(max(p.offsets[d] + p.shape[d] for p in placed)
                       for d in range(len(first_var.shape)))  # fmt: skip
     dtype = first_var.dtype
     var = VarInfo("", dtype, tuple(shape), kind=first_var.kind or first_res.ref.kind)
     var.name = name
-    var.nbytes = sum(_nbytes(p.var) for p in placed)
+    var.nbytes = sum(p.nbytes for p in placed if not p.copy)
     var.locator = placed
-    var.attrs = {"n_shards": len(placed), "placement": first_piece.placement}
+    n_stored = len({(id(p.res), id(p.var)) for p in placed})
+    var.attrs = {"n_shards": n_stored, "placement": first_piece.placement}
     if any(p.var.dtype != dtype for p in placed):
         errors.append(f"pieces of different dtypes ({sorted({p.var.dtype for p in placed})})")
     errors += _coverage(tuple(shape), placed)
@@ -113,7 +131,9 @@ def _assembled(name: str, members: list[tuple[VarInfo, FileResult, Piece]]
 
 def _place(members: list[tuple[VarInfo, FileResult, Piece]]) -> list[Placed]:
     """Each piece with its offsets: given, or from its shard coordinates (torch's chunking:
-    coordinate ``c`` of ``n`` starts at ``c * ceil(size / n)``); replicas marked as copies."""
+    coordinate ``c`` of ``n`` starts at ``c * ceil(size / n)``; with no full shape, at ``c``
+    times the piece's extent); a piece of ``blocks`` parts placed part by part; replicas
+    marked as copies."""
     seen: set = set()
     out = []
     ndim = len(members[0][0].shape)
@@ -122,17 +142,39 @@ def _place(members: list[tuple[VarInfo, FileResult, Piece]]) -> list[Placed]:
         for dim, coord, n in piece.shard:
             counts[dim] = max(counts.get(dim, 0), n or 0, coord + 1)
     for var, res, piece in members:
-        offsets = piece.offsets
-        if offsets is None:
-            full = piece.shape or var.shape
-            at = [0] * ndim
-            for dim, coord, n in piece.shard:
-                if dim < ndim:
-                    at[dim] = coord * math.ceil(full[dim] / (n or counts[dim]))
-            offsets = tuple(at)
-        key = (offsets, tuple(var.shape))
-        out.append(Placed(var, res, tuple(offsets), piece, copy=key in seen))
-        seen.add(key)
+        if piece.offsets is not None:
+            parts = [(tuple(piece.offsets), None)]
+        else:
+            parts = _parts(var, piece, ndim, counts)
+        for offsets, rows in parts:
+            key = (offsets, rows and rows[1] - rows[0], tuple(var.shape))
+            out.append(Placed(var, res, offsets, piece, copy=key in seen, rows=rows))
+            seen.add(key)
+    return out
+
+
+def _parts(var: VarInfo, piece: Piece, ndim: int, counts: dict[int, int]
+           ) -> list[tuple[tuple[int, ...], tuple[int, int] | None]]:  # fmt: skip
+    """Where a piece given by shard coordinates sits: ``(offsets, rows)`` per part."""
+    at = [0] * ndim
+    for dim, coord, n in piece.shard:
+        if dim >= ndim:
+            continue
+        n = n or counts[dim]
+        if piece.shape is None:
+            at[dim] = coord * int(var.shape[dim])
+        else:
+            at[dim] = coord * math.ceil(piece.shape[dim] / n)
+    if piece.blocks <= 1 or not piece.shard or piece.shard[0][0] != 0 or not ndim:
+        return [(tuple(at), None)]
+    _dim, coord, n = piece.shard[0]
+    n = n or counts[0]
+    k = piece.blocks
+    size = int(var.shape[0]) // k  # rows of one part
+    out = []
+    for j in range(k):
+        offsets = (j * n * size + coord * size, *at[1:])
+        out.append((offsets, (j * size, (j + 1) * size)))
     return out
 
 
@@ -145,14 +187,12 @@ def _coverage(shape: tuple[int, ...], placed: list[Placed]) -> list[str]:
             continue
         if (
             len(p.offsets) != len(shape)
-            or len(p.var.shape) != len(shape)
-            or any(
-                o < 0 or o + s > d for o, s, d in zip(p.offsets, p.var.shape, shape, strict=True)
-            )
+            or len(p.shape) != len(shape)
+            or any(o < 0 or o + s > d for o, s, d in zip(p.offsets, p.shape, shape, strict=True))
         ):
-            errors.append(f"{_where(p.res)}: piece {p.var.shape} at {p.offsets} outside {shape}")
+            errors.append(f"{_where(p.res)}: piece {p.shape} at {p.offsets} outside {shape}")
             continue
-        covered += p.var.numel
+        covered += math.prod(p.shape)
     total = math.prod(shape)
     if not errors and covered < total:
         have = sorted({p.res.ref.node or _where(p.res) for p in placed})
@@ -188,14 +228,15 @@ def read_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
     for p in var.locator:
         if p.copy:
             continue
-        if _rows(p, var.shape):
+        if p.rows is None and _rows(p, var.shape):
             at = _flat_start(p.offsets, var.shape)
             for chunk in chunk_piece(p.res, p.var, max_bytes):
                 flat[at : at + chunk.size] = chunk.reshape(-1)
                 at += chunk.size
             continue
-        index = tuple(slice(o, o + s) for o, s in zip(p.offsets, p.var.shape, strict=True))
-        out[index] = read_piece(p.res, p.var)
+        index = tuple(slice(o, o + s) for o, s in zip(p.offsets, p.shape, strict=True))
+        values = read_piece(p.res, p.var)
+        out[index] = values if p.rows is None else values[p.rows[0] : p.rows[1]]
     return out
 
 
@@ -206,7 +247,7 @@ def iter_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
     if var.error:
         raise ValueError(f"{var.name}: {var.error}")
     pieces = sorted((p for p in var.locator if not p.copy), key=lambda p: p.offsets)
-    if all(_rows(p, var.shape) for p in pieces):
+    if all(p.rows is None and _rows(p, var.shape) for p in pieces):
         for p in pieces:
             for chunk in chunk_piece(p.res, p.var, max_bytes):
                 yield chunk.reshape(-1)
@@ -219,7 +260,7 @@ def iter_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
 
 def _rows(p: Placed, shape: tuple[int, ...]) -> bool:
     """Whether a piece is a block of whole rows (contiguous in the C-ordered result)."""
-    return tuple(p.var.shape[1:]) == tuple(shape[1:]) and all(o == 0 for o in p.offsets[1:])
+    return tuple(p.shape[1:]) == tuple(shape[1:]) and all(o == 0 for o in p.offsets[1:])
 
 
 def _flat_start(offsets: tuple[int, ...], shape: tuple[int, ...]) -> int:

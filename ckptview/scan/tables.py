@@ -303,7 +303,7 @@ def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
     url = tree.storage.url
     rows: list[tuple] = []
     for res in logical.results:
-        if res.codec == "(assembled)":
+        if res.codec and res.codec.startswith("("):  # assembled, quantized: pieces below
             continue
         for var in res.variables:
             rows.append((res.serial, var_name(res.ref, var), res.ref.node, url(res.ref.path),
@@ -313,8 +313,8 @@ def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
         for p in placed:
             placement = p.piece.placement + (" (replica)" if p.copy else "")
             rows.append((serial, name, p.res.ref.node, url(p.res.ref.path), p.var.name,
-                         p.offsets, tuple(map(int, p.var.shape)), p.var.dtype,
-                         _stored_nbytes(p.var), p.piece.role, placement))  # fmt: skip
+                         p.offsets, tuple(map(int, p.shape)), p.var.dtype,
+                         p.nbytes, p.piece.role, placement))  # fmt: skip
     df = pd.DataFrame(rows, columns=SHARD_COLUMNS)
     return df.astype({"serial": "int64", "nbytes": "int64"})
 

@@ -1,0 +1,59 @@
+"""``ckptview export URL SERIAL --to DIR``: a serial as consolidated safetensors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ._common import add_open_args, guarded, open_tree, print_table, progress
+
+SHOW_SKIPPED = 8
+
+
+def register(sub) -> None:
+    p = sub.add_parser("export", help="write a serial's tensors as consolidated safetensors")
+    add_open_args(p)
+    p.add_argument("serial", type=int, nargs="?", help="the serial (default: the latest)")
+    p.add_argument("--to", metavar="DIR", required=True, help="a new directory to write")
+    p.add_argument("--max-shard-bytes", type=float, default=5 * 2**30, metavar="N",
+                   help="shard above this many bytes per file (default 5 GiB)")  # fmt: skip
+    p.add_argument("--name", action="append", dest="names", metavar="NAME",
+                   help="export only this variable (repeatable)")  # fmt: skip
+    p.add_argument("--dequantize", action="store_true",
+                   help="write quantized groups as float32 (default: as stored)")  # fmt: skip
+    p.add_argument("--force", action="store_true",
+                   help="export a serial that does not load, leaving out what cannot be read")  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help="print the plan only")
+    p.set_defaults(func=guarded(run))
+
+
+def run(args) -> int:
+    cat = open_tree(args)
+    kw = dict(to=args.to, names=args.names, max_shard_bytes=int(args.max_shard_bytes),
+              dequantize=args.dequantize, force=args.force)  # fmt: skip
+    plan = cat.export(args.serial, dry_run=True, **kw)
+    if args.dry_run:
+        _show(plan, args.json)
+        return 0
+    with progress(plan.nbytes, "export", args=args) as bar:
+        result = cat.export(args.serial, progress=bar.update, **kw)
+    _show(result, args.json)
+    return 0
+
+
+def _show(result, as_json: bool) -> None:
+    if as_json:
+        doc = {"serial": result.serial, "target": result.target, "dry_run": result.dry_run,
+               "done": result.done, "nbytes": result.nbytes,
+               "files": result.files.to_dict("records"),
+               "skipped": result.skipped.to_dict("records")}  # fmt: skip
+        print(json.dumps(doc, default=int))
+        return
+    print(str(result).splitlines()[0])
+    print_table(result.files, False)
+    if len(result.skipped):
+        print(f"skipped {len(result.skipped)} (not numeric tensors, or unreadable):",
+              file=sys.stderr)  # fmt: skip
+        for row in result.skipped.head(SHOW_SKIPPED).itertuples():
+            print(f"  {row.name}{' @' + row.node if row.node else ''}: {row.reason}",
+                  file=sys.stderr)  # fmt: skip

@@ -1,0 +1,207 @@
+"""Quantized groups (DESIGN.md §3b): tensors a quantized checkpoint stores for one weight,
+listed as one logical row that reads back dequantized.
+
+- FP8 (DeepSeek-V3, HF ``finegrained_fp8``, compressed-tensors): ``W.weight`` (float8) with
+  ``W.weight_scale_inv`` or ``W.weight_scale``, per tensor (``fp8-tensor``), per output channel
+  (``fp8-channel``) or per block (``fp8-block128``: 128×128 blocks, partial at the edges); the
+  value is ``weight.float() * scale`` of its block, float32.
+- MXFP4 (gpt-oss): ``W_blocks`` (uint8, ``[..., G, 16]``: 32 FP4 E2M1 values per group, low
+  nibble first) with ``W_scales`` (uint8 E8M0 exponents, ``[..., G]``) is ``W``; dequantized as
+  transformers' ``convert_moe_packed_tensors`` does (``lut[nibble] * 2**(scale - 127)``, then the
+  last two logical axes swapped), float32.
+
+A group is formed only when both members are listed without error in the same file result
+set of one serial and node; anything else stays as stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..dtypes import np_dtype
+from ..model import Piece, VarInfo
+from .listing import FileResult
+from .tables import var_name
+
+#: the codec name of the synthetic results holding quantized groups
+QUANTIZED = "(quantized)"
+
+FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                       -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)  # fmt: skip
+FP8_BLOCK = 128
+ReadPiece = Callable[[FileResult, VarInfo], np.ndarray]
+
+
+@dataclass
+class Member:
+    """One stored tensor of a quantized group."""
+
+    var: VarInfo
+    res: FileResult
+    role: str  # "data" (the fp8 weight), "blocks", "scale", "scales"
+
+
+@dataclass
+class Group:
+    """How to dequantize: the scheme, its members and (FP8 blocks) the block shape."""
+
+    scheme: str
+    data: Member
+    scale: Member
+    block: tuple[int, int] | None = None
+
+
+def group(results: list[FileResult]) -> tuple[list[FileResult], dict[tuple[int, str], list]]:
+    """Results with each quantized group's members replaced by one variable (in a synthetic
+    result per file), and each group's members as ``(serial, name) -> [(var, res, Piece)]``."""
+    index: dict[tuple[int, str, str], tuple[VarInfo, FileResult]] = {}
+    for res in results:
+        for var in res.variables:
+            if not var.error and (var.name.endswith(("_scale_inv", "_scale", "_scales"))):
+                index[(res.serial, res.ref.node, var_name(res.ref, var))] = (var, res)
+    if not index:
+        return results, {}
+    taken: set[int] = set()
+    found: list[tuple[FileResult, VarInfo, Group]] = []
+    for res in results:
+        for var in res.variables:
+            made = _group_of(var, res, index)
+            if made is not None:
+                found.append((res, *made))
+                taken.update((id(made[1].data.var), id(made[1].scale.var)))
+    if not found:
+        return results, {}
+    out = [res if not any(id(v) in taken for v in res.variables)
+           else replace(res, variables=[v for v in res.variables if id(v) not in taken])
+           for res in results]  # fmt: skip
+    synthetic: dict[tuple[int, str], FileResult] = {}
+    pieces: dict[tuple[int, str], list] = {}
+    for res, var, grp in found:
+        key = (res.serial, res.ref.path)
+        if key not in synthetic:
+            ref = replace(res.ref)
+            synthetic[key] = FileResult(res.serial, ref, QUANTIZED, [])
+            out.append(synthetic[key])
+        synthetic[key].variables.append(var)
+        name = var_name(res.ref, var)
+        pieces[(res.serial, name)] = [
+            (m.var, m.res, Piece(placement=grp.scheme, role=m.role)) for m in (grp.data, grp.scale)
+        ]
+    return out, pieces
+
+
+def _group_of(var: VarInfo, res: FileResult, index: dict) -> tuple[VarInfo, Group] | None:
+    """The group ``var`` heads (an FP8 weight, MXFP4 blocks) with its partner, if listed."""
+    if var.error:
+        return None
+    full = var_name(res.ref, var)
+    if var.dtype.startswith("float8") and var.dtype != "float8_e8m0fnu":
+        for suffix in ("_scale_inv", "_scale"):
+            hit = index.get((res.serial, res.ref.node, full + suffix))
+            if hit is not None:
+                grp = _fp8(var, res, Member(hit[0], hit[1], "scale"))
+                if grp is not None:
+                    return _row(var, var.name, grp, var.shape), grp
+        return None
+    if var.name.endswith("_blocks") and var.dtype == "uint8" and len(var.shape) >= 2:
+        hit = index.get((res.serial, res.ref.node, full[: -len("_blocks")] + "_scales"))
+        if hit is None or tuple(hit[0].shape) != tuple(var.shape[:-1]):
+            return None
+        if hit[0].dtype not in ("uint8", "float8_e8m0fnu"):
+            return None
+        *prefix, g, b = (int(d) for d in var.shape)
+        shape = (*prefix, g * b * 2)
+        if len(shape) >= 3:
+            shape = (shape[0], shape[2], shape[1], *shape[3:])
+        grp = Group("mxfp4", Member(var, res, "blocks"), Member(hit[0], hit[1], "scales"))
+        return _row(var, var.name[: -len("_blocks")], grp, shape), grp
+    return None
+
+
+def _fp8(var: VarInfo, res: FileResult, scale: Member) -> Group | None:
+    """The FP8 scheme a weight and its scale make, None when their shapes do not fit."""
+    shape, s = tuple(int(d) for d in var.shape), tuple(int(d) for d in scale.var.shape)
+    data = Member(var, res, "data")
+    if math.prod(s) == 1:
+        return Group("fp8-tensor", data, scale)
+    if len(shape) != 2 or len(s) != 2:
+        return None
+    if s == (shape[0], 1):
+        return Group("fp8-channel", data, scale)
+    block = _block(shape, s)
+    if block is None:
+        return None
+    name = f"fp8-block{block[0]}" if block[0] == block[1] else f"fp8-block{block[0]}x{block[1]}"
+    return Group(name, data, scale, block)
+
+
+def _block(shape: tuple[int, int], scale: tuple[int, int]) -> tuple[int, int] | None:
+    """The block shape: 128×128 when it fits, else the one the scale's shape implies."""
+    if all(-(-d // FP8_BLOCK) == s for d, s in zip(shape, scale, strict=True)):
+        return FP8_BLOCK, FP8_BLOCK
+    block = tuple(-(-d // s) if s else 0 for d, s in zip(shape, scale, strict=True))
+    if all(b and -(-d // b) == s for d, b, s in zip(shape, block, scale, strict=True)):
+        return block[0], block[1]
+    return None
+
+
+def _row(head: VarInfo, name: str, grp: Group, shape: tuple[int, ...]) -> VarInfo:
+    var = VarInfo(name, "float32", tuple(int(d) for d in shape), kind=head.kind)
+    var.nbytes = _stored(grp.data.var) + _stored(grp.scale.var)
+    var.locator = grp
+    var.attrs = {"quant": grp.scheme, "n_shards": 1, "stored_dtype": grp.data.var.dtype}
+    return var
+
+
+def _stored(var: VarInfo) -> int:
+    return int(var.nbytes) if var.nbytes is not None else var.numel * np_dtype(var.dtype).itemsize
+
+
+# -- reading ----------------------------------------------------------------------------------
+def read_quantized(var: VarInfo, read_piece: ReadPiece, dequantize: bool = True) -> np.ndarray:
+    """A group's values: dequantized (float32), or its stored weight / blocks."""
+    grp: Group = var.locator
+    data = read_piece(grp.data.res, grp.data.var)
+    if not dequantize:
+        return data
+    scale = read_piece(grp.scale.res, grp.scale.var)
+    if grp.scheme == "mxfp4":
+        return mxfp4(data, scale)
+    return fp8(data, scale, grp.block)
+
+
+def iter_quantized(var: VarInfo, read_piece: ReadPiece, max_bytes: int) -> Iterator[np.ndarray]:
+    """Dequantized values in C order as flat chunks."""
+    flat = read_quantized(var, read_piece).reshape(-1)
+    step = max(1, max_bytes // 4)
+    for at in range(0, flat.size, step):
+        yield flat[at : at + step]
+
+
+def fp8(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None) -> np.ndarray:
+    """``weight.float() * scale`` per tensor, channel or block (partial blocks at the edges)."""
+    w = weight.astype(np.float32)
+    s = scale.astype(np.float32)
+    if block is None:
+        return w * (s.reshape(-1, 1) if s.size > 1 else s.reshape(()))
+    rows = np.repeat(s, block[0], axis=0)[: w.shape[0]]
+    return w * np.repeat(rows, block[1], axis=1)[:, : w.shape[1]]
+
+
+def mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """transformers' ``convert_moe_packed_tensors`` in numpy (float32)."""
+    *prefix, g, b = blocks.shape
+    flat = blocks.reshape(-1, b)
+    exp = scales.view(np.uint8).reshape(-1, 1).astype(np.int32) - 127
+    out = np.empty((flat.shape[0], b * 2), dtype=np.float32)
+    out[:, 0::2] = FP4_VALUES[flat & 0x0F]
+    out[:, 1::2] = FP4_VALUES[flat >> 4]
+    out = np.ldexp(out, exp)
+    out = out.reshape(*prefix, g * b * 2)
+    if out.ndim >= 3:
+        out = np.ascontiguousarray(np.swapaxes(out, 1, 2))
+    return out
