@@ -26,6 +26,7 @@ PROJECT = ROOT / ".venv" / "bin" / "python"
 BENCHES = {  # name -> (interpreter, script, args)
     "diff": (PEER, "bench_diff.py", []),
     "catalog": (PEER, "bench_catalog.py", []),
+    "llm": (PEER, "bench_llm.py", []),
     "s3": (PROJECT, "bench_s3.py", []),
     "dashboard": (PROJECT, "bench_dashboard.py", []),
 }

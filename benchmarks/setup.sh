@@ -7,6 +7,6 @@ here="$(cd "$(dirname "$0")" && pwd)"
 venv="$here/.venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip
-"$venv/bin/pip" install -q "torch==2.13.0" safetensors psutil numpy
+"$venv/bin/pip" install -q "torch==2.13.0" safetensors psutil numpy gguf
 "$venv/bin/pip" install -q -e "$here/.."
 echo "peer environment ready: $venv"

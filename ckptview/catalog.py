@@ -13,6 +13,7 @@ from .engine import export as _export
 from .engine import restore as _restore
 from .engine import retention as _retention
 from .engine import stats as _stats
+from .engine import usage as _usage
 from .engine import verify as _verify
 from .io import Storage
 from .layouts.base import Layout
@@ -167,6 +168,11 @@ class Catalog:
             raise ValueError("export needs a target: to=URL")
         return _export.export(self._scan, serial, to, names, max_shard_bytes, dequantize,
                               dry_run, **kwargs)  # fmt: skip
+
+    def usage(self) -> pd.DataFrame:
+        """Bytes per serial and kind (model, optimizer, trainer, rng, …, ``other``): why a
+        checkpoint is as big as it is."""
+        return _usage.usage(self._scan)
 
     def plan_retention(self, keep_last=None, keep_every=None, keep_best=None, pinned=(),
                        older_than=None, **kwargs) -> pd.DataFrame:  # fmt: skip

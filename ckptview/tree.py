@@ -29,6 +29,8 @@ class Tree:
         #: layout name -> the TreeScan a layout made while detection weighed it (taken once
         #: by the scan, so a tree is not scanned twice; cleared by forget)
         self.scans: dict[str, Any] = {}
+        #: ckptview's own state files under ``.ckptview/`` seen by the last listing
+        self.meta_files: set[str] = set()
 
     @classmethod
     def at(cls, storage: Storage, path: str) -> Tree:
@@ -48,10 +50,14 @@ class Tree:
             return self._entries
         found = self.storage.fs.find(self.root, withdirs=True, detail=True)
         out = {}
+        meta = set()
         for path, inf in found.items():
             rel = self.rel(path)
             if rel and not rel.startswith(META_DIR):
                 out[rel] = normalize_info(inf)
+            elif rel.startswith(META_DIR + "/"):
+                meta.add(rel)
+        self.meta_files = meta
         return out
 
     @property

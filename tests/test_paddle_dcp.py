@@ -114,9 +114,13 @@ def test_multi_rank_tree(tmp_path):
     assert s.loc[1, "error"]
     assert cat.latest == UID
     assert s.loc[UID, "nodes"] == ("rank0", "rank1")
-    np.testing.assert_array_equal(cat.read("w", node="rank0"), w[:4])
-    np.testing.assert_array_equal(cat.read("w", node="rank1"), w[4:])
-    assert cat.variable("w", node="rank1").attrs["global_offset"] == (4, 0)
+    # the two ranks' shards of w are one logical tensor (DESIGN 3b), its pieces in cat.shards
+    row = cat.variables.set_index(["serial", "name"]).loc[(UID, "w")]
+    assert row["node"] == "" and row["shape"] == (8, 4) and row["n_shards"] == 2
+    np.testing.assert_array_equal(cat.read("w"), w)
+    sh = cat.shards
+    pieces = sh[(sh["serial"] == UID) & (sh["name"] == "w")].set_index("node")
+    assert pieces.loc["rank1", "offsets"] == (4, 0) and pieces.loc["rank1", "shape"] == (4, 4)
     bf = cat.variable("bf", node="rank0")
     assert bf.dtype == "bfloat16" and "dtype_guessed" not in bf.attrs
     assert cat.read("bf").astype(np.float32).tolist() == [1.0, 2.0, -2.0, 0.0]
@@ -128,6 +132,8 @@ def test_missing_rank_file_makes_the_serial_incomplete(tmp_path):
     assert not cat.serials.loc[UID, "complete"]
     assert "1_3.distcp" in cat.serials.loc[UID, "error"]
     assert cat.latest is None
+    with pytest.raises(ValueError, match="a piece is missing"):
+        cat.read("w", serial=UID)
 
 
 def test_hostile_metadata_is_refused(tmp_path):

@@ -380,3 +380,59 @@ def test_verify_action_shows_the_findings(tmp_path):
     assert not panel.message.visible  # another serial: the old findings are not shown
     panel.show(panel.run())
     assert "no findings" in panel.message.object and not panel.findings.visible
+
+
+def _verl_copy(tmp_path):
+    dest = tmp_path / "verl"
+    shutil.copytree(corpus_path("llm/fsdp_verl"), dest)
+    for p in dest.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dest
+
+
+def test_retention_tab_slims(tmp_path):
+    root = _verl_copy(tmp_path)
+    cat = cv.open(root)
+    view = RetentionView(Workspace([cat], guard=Guard(roots=[str(root)], allow_write=True)))
+    view.slim_older_than = "0s"
+    view.show_plan(view.make_plan())
+    assert view.doomed() == [5]
+    assert "slim **1**" in view.message.object and view.delete.visible
+    view.show_result(view.apply())
+    assert "slimmed 1" in view.message.object
+    assert not (root / "global_step_5" / "actor" / "optim_world_size_2_rank_0.pt").exists()
+    assert not cv.open(root).serials.loc[5, "loadable"]
+
+
+def test_restore_tab_exports_safetensors(tmp_path):
+    src = tmp_path / "run"
+    shutil.copytree(corpus_path("llm/megatron_legacy"), src)
+    cat = cv.open(src)
+    ws = Workspace([cat], guard=Guard(roots=[str(tmp_path)], allow_write=True))
+    view = RestoreView(ws)
+    view.serial = 15
+    view.mode = "export"
+    view.destination = str(tmp_path / "exported")
+    view.show_plan(view.plan())
+    assert "as safetensors" in view.message.object and view.confirm.visible
+    assert list(view.ops.value["path"]) == ["model.safetensors"]
+    assert not (tmp_path / "exported").exists()
+    view.show_result(view.apply())
+    out = cv.open(tmp_path / "exported")
+    name = "model/decoder.layers.0.mlp.linear_fc1.weight"
+    np.testing.assert_array_equal(out.read(name), cat.read(name, serial=15))
+
+
+def test_timeline_shows_bytes_by_kind():
+    import holoviews as hv
+
+    from ckptview.widgets.serials import BY_KIND
+
+    view = SerialsTable(cv.open(corpus_path("llm/deepspeed_zero")), poll_seconds=0)
+    assert BY_KIND in view.param.y.objects
+    view.y = BY_KIND
+    plot = view.timeline()
+    assert isinstance(plot, hv.Bars)
+    data = plot.data
+    opt = data[data["kind"] == "optimizer"]["bytes"].tolist()
+    assert opt == list(view.catalog.usage()["optimizer"])

@@ -19,9 +19,12 @@ def register(sub) -> None:
     p.add_argument("--keep-best", metavar="METRIC:N[:min|max]", help="keep the N best")
     p.add_argument("--pin", type=int, action="append", default=[], metavar="SERIAL")
     p.add_argument("--older-than", metavar="DURATION", help="keep serials newer than (7d, 12h)")
+    p.add_argument("--slim-older-than", metavar="DURATION",
+                   help="delete the optimizer state of kept serials older than this (7d), "
+                   "keeping their weights; never the newest loadable serial")  # fmt: skip
     p.add_argument("--save", action="store_true", help="store these flags as the tree's policy")
-    p.add_argument("--apply", action="store_true", help="delete what the plan says")
-    p.add_argument("--yes", action="store_true", help="confirm deletion")
+    p.add_argument("--apply", action="store_true", help="delete (and slim) what the plan says")
+    p.add_argument("--yes", action="store_true", help="confirm: delete and slim")
     p.add_argument("--break-lock", action="store_true", help="remove a lock left by a crash")
     p.set_defaults(func=guarded(run))
 
@@ -37,19 +40,21 @@ def run(args) -> int:
         cat.set_retention(policy if policy else None)
     if not policy:
         policy = cat.retention_policy() or policy
-    plan = cat.plan_retention(policy=policy)
+    plan = cat.plan_retention(policy=policy, slim_older_than=args.slim_older_than)
     n_del = int((plan["action"] == "delete").sum())
-    freed = int(plan.loc[plan["action"] == "delete", "nbytes"].sum())
-    if not (args.apply or args.yes) or not args.yes or n_del == 0:
+    n_slim = int((plan["action"] == "slim").sum())
+    freed = int(plan["frees"].sum())
+    if not args.yes or n_del + n_slim == 0:
         print_table(plan, args.json)
-        print(f"policy: {describe_policy(policy)}; would delete {n_del} serial(s), {freed} bytes"
-              + ("" if n_del == 0 else " (plan only: add --apply --yes to delete)"),
+        what = f"would delete {n_del} serial(s)" + (f", slim {n_slim}" if n_slim else "")
+        print(f"policy: {describe_policy(policy)}; {what}, freeing {freed} bytes"
+              + ("" if n_del + n_slim == 0 else " (plan only: add --yes to do it)"),
               file=sys.stderr)  # fmt: skip
         return 0
-    with progress(n_del, "retain", unit="serial", args=args) as bar:
-        deleted = cat.apply_retention(plan, progress=bar.update)
-    print_table(deleted, args.json)
-    print(
-        f"deleted {len(deleted)} serial(s), {int(deleted['nbytes'].sum())} bytes", file=sys.stderr
-    )
+    with progress(n_del + n_slim, "retain", unit="serial", args=args) as bar:
+        done = cat.apply_retention(plan, progress=bar.update)
+    print_table(done, args.json)
+    n_done = int((done["action"] == "delete").sum()) if len(done) else 0
+    print(f"deleted {n_done} serial(s), slimmed {len(done) - n_done}, "
+          f"freed {int(done['nbytes'].sum())} bytes", file=sys.stderr)  # fmt: skip
     return 0

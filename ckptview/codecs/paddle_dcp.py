@@ -14,7 +14,7 @@ from ..formats.paddle_dcp_meta import DISTCP, metadata_hints, read_metadata
 from ..formats.paddle_pickle import looks_like_pickle, paddle_variables, read_paddle
 from ..formats.pickle import Unpickler
 from ..io import Blob
-from ..model import HintsLike, PaddleDcpHints, VarInfo
+from ..model import HintsLike, PaddleDcpHints, Piece, VarInfo
 from .base import Codec, CodecTier
 
 
@@ -40,6 +40,9 @@ class PaddleDcpCodec(Codec):
                 var.attrs["global_shape"] = tuple(shapes[var.name])
             if var.name in offsets:
                 var.attrs["global_offset"] = tuple(offsets[var.name])
+            full, at = var.attrs.get("global_shape"), var.attrs.get("global_offset")
+            if full and at is not None and tuple(full) != tuple(var.shape):
+                var.attrs["piece"] = Piece(tuple(full), tuple(at), placement="paddle dist shard")
         return variables
 
     def _hints_from_sibling(self, blob: Blob) -> PaddleDcpHints:

@@ -9,6 +9,7 @@ latest complete one (a save may be in flight).
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
@@ -20,11 +21,12 @@ from ..changes.lock import TreeLock
 from ..changes.ops import OpRunner, describe
 from ..model import META_DIR, Op
 from ..scan.core import Scan
-from .policies import AnyOf, make_policy
+from ..scan.slimmed import SLIMMED_FILE, read_slimmed, slimmed_json
+from .policies import AnyOf, make_policy, parse_duration
 
 POLICY_FILE = f"{META_DIR}/retention.json"
 PLAN_COLUMNS = [
-    "action", "reason", "nbytes", "complete", "loadable", "latest", "timestamp", "step",
+    "action", "reason", "nbytes", "frees", "complete", "loadable", "latest", "timestamp", "step",
 ]  # fmt: skip
 
 
@@ -66,11 +68,14 @@ def _protected(scan: Scan, table: pd.DataFrame) -> dict[int, str]:
 def plan_retention(scan: Scan, keep_last: Any = None, keep_every: Any = None,
                    keep_best: Any = None, pinned: Iterable[int] = (), older_than: Any = None,
                    policy: AnyOf | None = None, every_by: str = "serial",
-                   now: datetime | None = None) -> pd.DataFrame:  # fmt: skip
-    """Per serial: ``action`` (keep|delete), ``reason``, ``nbytes``. Changes nothing.
+                   now: datetime | None = None, slim_older_than: Any = None) -> pd.DataFrame:  # fmt: skip
+    """Per serial: ``action`` (keep|slim|delete), ``reason``, ``nbytes``, ``frees`` (bytes
+    the action frees). Changes nothing.
 
     With no policy arguments the policy stored with the tree is used; with none stored,
-    everything is kept.
+    everything is kept. ``slim_older_than`` (``7d``): kept serials older than that lose their
+    optimizer state files (``Layout.optimizer_files``), never the newest loadable serial nor
+    the resume point.
     """
     if policy is None:
         policy = make_policy(keep_last, keep_every, keep_best, pinned, older_than, every_by)
@@ -80,6 +85,8 @@ def plan_retention(scan: Scan, keep_last: Any = None, keep_every: Any = None,
     table = scan.serials
     keeps = policy.keeps(table, scan.metrics, now)
     protected = _protected(scan, table)
+    slim_age = None if slim_older_than is None else parse_duration(slim_older_than)
+    slimmed = read_slimmed(scan.tree)
     rows = []
     for s, r in zip(table.index, table.itertuples(index=False)):
         reasons = [why for why in (protected.get(s), keeps.get(s)) if why]
@@ -87,10 +94,17 @@ def plan_retention(scan: Scan, keep_last: Any = None, keep_every: Any = None,
             reasons = reasons or ["no retention policy"]
         action = "keep" if reasons else "delete"
         reason = "; ".join(reasons) if reasons else "not kept by the policy"
-        rows.append((int(s), action, reason, int(r.nbytes), bool(r.complete),
+        frees = int(r.nbytes) if action == "delete" else 0
+        if action == "keep" and slim_age is not None and s not in protected and s not in slimmed:
+            age = (now - r.timestamp).total_seconds() if not pd.isna(r.timestamp) else None
+            optim = optimizer_bytes(scan, int(s))
+            if age is not None and age > slim_age and optim:
+                action, frees = "slim", optim
+                reason = f"{reason}; optimizer state older than {slim_older_than}"
+        rows.append((int(s), action, reason, int(r.nbytes), frees, bool(r.complete),
                      bool(r.loadable), bool(r.latest), r.timestamp, r.step))  # fmt: skip
     plan = pd.DataFrame(rows, columns=["serial", *PLAN_COLUMNS]).set_index("serial")
-    plan = plan.astype({"nbytes": "int64", "step": "Int64"})
+    plan = plan.astype({"nbytes": "int64", "frees": "int64", "step": "Int64"})
     plan.attrs.update({"tree": scan.url, "layout": scan.layout.name, "fingerprint": _fingerprint(table),
                        "policy": policy.to_dict(), "pinned": sorted(policy.pinned)})  # fmt: skip
     return plan
@@ -109,7 +123,7 @@ def check_plan(scan: Scan, plan: pd.DataFrame) -> list[int]:
     for s in plan.index:
         if now.get(str(s)) != attrs["fingerprint"].get(str(s)):
             raise TreeChangedError(f"serial {s} changed since the plan was made; plan again")
-    doomed = [int(s) for s in plan.index[plan["action"] == "delete"]]
+    doomed = [int(s) for s in plan.index[plan["action"].isin(["delete", "slim"])]]
     protected = _protected(scan, table)
     for s in doomed:
         why = protected.get(s) or ("pinned" if s in attrs.get("pinned", ()) else None)
@@ -120,31 +134,73 @@ def check_plan(scan: Scan, plan: pd.DataFrame) -> list[int]:
 
 def apply_retention(scan: Scan, plan: pd.DataFrame,
                     progress: Callable[[int], None] | None = None) -> pd.DataFrame:  # fmt: skip
-    """Delete the serials ``plan`` marks ``delete``; returns them (serial, path, nbytes, steps)."""
+    """Delete the serials ``plan`` marks ``delete`` and the optimizer state of those it marks
+    ``slim``; returns them (serial, action, path, nbytes freed, steps).
+
+    A slim first records the serial in ``.ckptview/slimmed.json`` (from then on it is no
+    resume point), then deletes its optimizer files: killed in between, the serial is marked
+    slimmed with its files still there, never a resume point missing its optimizer state."""
     fs, root = scan.storage.fs, scan.tree.root
     journal = Journal(fs, root)
-    deleted = []
+    done = []
     with TreeLock(fs, root, "retention"):
         scan.refresh()
         doomed = check_plan(scan, plan)
         layout, tree, found = scan.layout, scan.tree, scan.tree_scan
-        journal.write("begin", action="retention", delete=doomed, policy=plan.attrs.get("policy"))
+        slim = [s for s in doomed if plan.loc[s, "action"] == "slim"]
+        delete = [s for s in doomed if s not in slim]
+        journal.write("begin", action="retention", delete=delete, slim=slim,
+                      policy=plan.attrs.get("policy"))  # fmt: skip
         try:
-            for s in doomed:
+            for s in delete:
                 ops = layout.delete_ops(tree, found, scan.serial_info(s))
                 journal.write("serial", action="delete", serial=s, steps=len(ops),
                               plan=[describe(o) for o in ops])  # fmt: skip
                 OpRunner(fs, root, journal=journal).run(ops)
-                deleted.append(
-                    (s, scan.serials.loc[s, "path"], int(plan.loc[s, "nbytes"]), len(ops))
-                )
+                done.append((s, "delete", scan.serials.loc[s, "path"],
+                             int(plan.loc[s, "nbytes"]), len(ops)))  # fmt: skip
                 if progress:
                     progress(1)
-            journal.write("end", action="retention", deleted=[d[0] for d in deleted])
+            recorded = read_slimmed(tree)
+            for s in slim:
+                ops = slim_ops(scan, s, recorded)
+                journal.write("serial", action="slim", serial=s, steps=len(ops),
+                              plan=[describe(o) for o in ops])  # fmt: skip
+                OpRunner(fs, root, journal=journal).run(ops)
+                freed = sum(o.nbytes for o in ops if o.kind == "delete")
+                done.append((s, "slim", scan.serials.loc[s, "path"], freed, len(ops)))
+                if progress:
+                    progress(1)
+            journal.write("end", action="retention", deleted=delete, slimmed=slim)
         finally:
             scan.refresh()
-    out = pd.DataFrame(deleted, columns=["serial", "path", "nbytes", "steps"]).set_index("serial")
-    return out.astype({"nbytes": "int64", "steps": "int64"})
+    out = pd.DataFrame(done, columns=["serial", "action", "path", "nbytes", "steps"])
+    return out.set_index("serial").astype({"nbytes": "int64", "steps": "int64"})
+
+
+def optimizer_bytes(scan: Scan, serial: int) -> int:
+    """Bytes of the files holding only a serial's optimizer state."""
+    tree = scan.tree
+    files = scan.layout.optimizer_files(tree, scan.serial_info(serial))
+    return sum(tree.size(f) for f in files)
+
+
+def slim_ops(scan: Scan, serial: int, recorded: dict[int, dict]) -> list[Op]:
+    """Record the serial as slimmed (a resume point no more; ``recorded``: the slimmed serials
+    so far, updated), then delete its optimizer files, then their emptied directories."""
+    tree = scan.tree
+    files = scan.layout.optimizer_files(tree, scan.serial_info(serial))
+    if not files:
+        raise ValueError(f"serial {serial} has no separate optimizer state files to slim")
+    record = {"files": files, "nbytes": sum(tree.size(f) for f in files),
+              "time": datetime.now(timezone.utc).isoformat()}  # fmt: skip
+    recorded[serial] = record
+    data = slimmed_json(recorded, {})
+    ops = [Op("write", SLIMMED_FILE, data=data, nbytes=len(data), replace=True, note="state")]
+    ops += [Op("delete", f, nbytes=tree.size(f)) for f in files]
+    dirs = sorted({posixpath.dirname(f) for f in files} - {""}, key=len, reverse=True)
+    ops += [Op("rmdir", d) for d in dirs if all(e in files for e in tree.files(under=d))]
+    return ops
 
 
 # -- stored policy ------------------------------------------------------------------------

@@ -46,6 +46,12 @@ class Layout:
 
     # -- management hooks (restore, retention): generic defaults; layouts override a few
 
+    def optimizer_files(self, tree: Tree, info: SerialInfo) -> list[str]:
+        """Files (relative paths) holding only the serial's optimizer state, which retention
+        may slim away (HF ``optimizer.pt``, DeepSpeed ``*_optim_states.pt``, verl
+        ``optim_*``, Megatron ``distrib_optim.pt``); default: its files of kind optimizer."""
+        return [tree.rel(f.path) for f in info.files if f.kind == "optimizer"]
+
     #: a staging suffix: copies go to ``<dir><suffix>`` and are renamed into place (Orbax,
     #: Paddle incubate); None: files are copied directly, commit markers last
     staging_suffix: ClassVar[str | None] = None

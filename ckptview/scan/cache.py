@@ -34,7 +34,7 @@ Listing = tuple[str | None, list, str | None]
 #: systems stamp mtimes coarsely (a kernel tick, or 1-2 s), as git's "racily clean" entries
 RACY = 2.0
 DEFAULT_MAX_WEIGHT = 2_000_000  # ~ variable rows + small-file KiB held in memory
-FORMAT = 2  # bump when VarInfo/Span change shape: old disk entries are then ignored
+FORMAT = 3  # bump when VarInfo/Span change shape: old disk entries are then ignored
 
 
 class HeaderCache:

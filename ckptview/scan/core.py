@@ -21,6 +21,7 @@ from .listing import FileResult, default_executor, run_listings
 from .logical import ASSEMBLED, Logical, Placed, assemble, iter_assembled, read_assembled
 from .quant import QUANTIZED, iter_quantized, read_quantized
 from .quant import group as group_quantized
+from .slimmed import read_slimmed
 from .tables import (
     files_table,
     metrics_table,
@@ -150,7 +151,7 @@ class Scan:
     def serials(self) -> pd.DataFrame:
         def build() -> pd.DataFrame:
             results = self.logical().results
-            return serials_table(self.tree, self.tree_scan, results)
+            return serials_table(self.tree, self.tree_scan, results, read_slimmed(self.tree))
 
         return self._table("serials", build)
 

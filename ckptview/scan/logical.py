@@ -234,6 +234,9 @@ def read_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
                 flat[at : at + chunk.size] = chunk.reshape(-1)
                 at += chunk.size
             continue
+        if p.rows is None and p.var.shape:
+            _fill_rows(out, p, chunk_piece(p.res, p.var, max_bytes))
+            continue
         index = tuple(slice(o, o + s) for o, s in zip(p.offsets, p.shape, strict=True))
         values = read_piece(p.res, p.var)
         out[index] = values if p.rows is None else values[p.rows[0] : p.rows[1]]
@@ -256,6 +259,27 @@ def iter_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
     step = max(1, max_bytes // max(1, flat.itemsize))
     for at in range(0, flat.size, step):
         yield flat[at : at + step]
+
+
+def _fill_rows(out: np.ndarray, p: Placed, chunks: Iterator[np.ndarray]) -> None:
+    """Copy a piece into its place in ``out`` chunk by chunk, a block of the piece's rows at a
+    time (memory: one chunk, whatever the piece's size)."""
+    shape = tuple(int(d) for d in p.var.shape)
+    row = math.prod(shape[1:])
+    rest = tuple(slice(o, o + s) for o, s in zip(p.offsets[1:], shape[1:], strict=True))
+    at, carry = 0, None
+    for chunk in chunks:
+        flat = chunk.reshape(-1)
+        if carry is not None and carry.size:
+            flat = np.concatenate([carry, flat])
+        n = flat.size // row if row else 0
+        if n:
+            block = flat[: n * row].reshape(n, *shape[1:])
+            out[(slice(p.offsets[0] + at, p.offsets[0] + at + n), *rest)] = block
+            at += n
+        carry = flat[n * row :]
+    if at != shape[0]:
+        raise ValueError(f"{p.var.name}: piece gave {at} of {shape[0]} rows")
 
 
 def _rows(p: Placed, shape: tuple[int, ...]) -> bool:

@@ -165,8 +165,10 @@ def verdicts(s: SerialInfo, files: list[FileResult]) -> tuple[bool, str | None, 
     return bool(complete), error, loadable, "; ".join(warnings) or None
 
 
-def serials_table(tree: Tree, found: TreeScan, results: list[FileResult]) -> pd.DataFrame:
-    """One row per serial (index: serial); ``latest`` marks :func:`latest_from`'s pick."""
+def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
+                  slimmed: dict[int, dict] | None = None) -> pd.DataFrame:  # fmt: skip
+    """One row per serial (index: serial); ``latest`` marks :func:`latest_from`'s pick;
+    ``slimmed`` serials (optimizer state deleted by retention) are never loadable."""
     by_serial: dict[int, list[FileResult]] = {}
     for res in results:
         by_serial.setdefault(res.serial, []).append(res)
@@ -174,6 +176,10 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult]) -> pd.
     for s in sorted(found.serials, key=lambda s: s.serial):
         files = by_serial.get(s.serial, [])
         complete, error, loadable, warning = verdicts(s, files)
+        if slimmed and s.serial in slimmed:
+            freed = int(slimmed[s.serial].get("nbytes", 0))
+            note = f"slimmed: optimizer state deleted ({freed} bytes), not a resume point"
+            loadable, warning = False, "; ".join(filter(None, [note, warning]))
         paths = [r.ref.path for r in files]
         sizes = [
             r.ref.size if r.ref.size is not None else file_size(tree, r.ref.path) for r in files

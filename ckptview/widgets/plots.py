@@ -70,3 +70,22 @@ def trajectories(series: list[pd.Series], stat: str):
         hv.opts.Overlay(title=f"{stat} across serials", responsive=True, height=320,
                         legend_position="right"),
     )  # fmt: skip
+
+
+KIND_COLORS = {"model": "#1565c0", "optimizer": "#c62828", "scheduler": "#6a1b9a",
+               "trainer": "#2e7d32", "rng": "#b26a00", "other": "#90a4ae"}  # fmt: skip
+
+
+def usage_bars(usage: pd.DataFrame):
+    """``cat.usage()`` as bars over serials stacked by kind (MiB): why a checkpoint is big."""
+    if usage.empty:
+        return empty("bytes by kind: no serials")
+    long = usage.rename_axis("serial").reset_index().melt("serial", var_name="kind",
+                                                           value_name="bytes")  # fmt: skip
+    long["serial"] = long["serial"].astype(str)
+    long["MiB"] = long["bytes"].astype("float64") / 2**20
+    kinds = list(usage.columns)
+    colors = [KIND_COLORS.get(k, "#455a64") for k in kinds]
+    bars = hv.Bars(long, ["serial", "kind"], ["MiB", "bytes"])
+    return bars.opts(stacked=True, cmap=colors, title="serials: bytes by kind", ylabel="MiB",
+                     xlabel="serial", legend_position="right", **PLOT)  # fmt: skip

@@ -9,7 +9,8 @@ import param
 from ._base import Workspace, as_workspace, in_background, notice, offer_runs, set_notice, table
 from ._format import human_bytes
 
-MODES = {"in place (the framework resumes from it)": "in_place", "copy to URL": "copy"}
+MODES = {"in place (the framework resumes from it)": "in_place", "copy to URL": "copy",
+         "export as safetensors": "export"}  # fmt: skip
 
 
 class RestoreView(pn.viewable.Viewer):
@@ -107,10 +108,36 @@ class RestoreView(pn.viewable.Viewer):
         """The dry run for the current choices (changes nothing)."""
         cat = self.workspace.runs[self.run]
         force = self._check_force()
+        if self.mode == "export":
+            return cat.export(int(self.serial), to=self._target(), dry_run=True, force=force)
         return cat.restore(int(self.serial), to=self._target(), dry_run=True, force=force)
+
+    def show_export_plan(self, result) -> None:
+        files = result.files
+        self.ops.value = pd.DataFrame({
+            "kind": ["write"] * len(files), "path": files["file"].astype(object),
+            "size": [human_bytes(n) for n in files["nbytes"]],
+            "note": [f"{n} tensors" for n in files["n_tensors"]],
+        })  # fmt: skip
+        skipped = (
+            f"; {len(result.skipped)} non-tensor values left out" if len(result.skipped) else ""
+        )
+        text = (
+            f"**Plan:** export serial **{result.serial}** to `{result.target}` as safetensors — "
+            f"{int(files['n_tensors'].sum())} tensors, {human_bytes(result.nbytes)} in "
+            f"{len(files)} file(s){skipped}. Written to a staging directory, renamed last."
+        )
+        if not self.workspace.allow_write:
+            text += "\n\nThis dashboard is **read-only**: exporting is not offered."
+        set_notice(self.message, text, "info")
+        self.confirm.label = f"Export serial {result.serial}"
+        self.confirm.visible = self.workspace.allow_write and len(files) > 0
 
     def show_plan(self, result) -> None:
         self.planned = (self.run, self.serial, self.mode, self.destination, self.force, result)
+        if self.mode == "export":
+            self.show_export_plan(result)
+            return
         ops = result.ops
         size = int(pd.to_numeric(ops["nbytes"], errors="coerce").fillna(0).sum()) if len(ops) else 0
         frame = pd.DataFrame({
@@ -147,6 +174,9 @@ class RestoreView(pn.viewable.Viewer):
             raise RuntimeError("plan the restore first")
         run, serial, mode, dest, force, _ = self.planned
         cat = self.workspace.runs[run]
+        if mode == "export":
+            self.workspace.guard.require_write("export")
+            return cat.export(int(serial), to=self._target(), force=force)
         return cat.restore(int(serial), to=self._target() if mode == "copy" else None,
                            force=force)  # fmt: skip
 

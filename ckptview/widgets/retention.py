@@ -62,6 +62,9 @@ class RetentionView(pn.viewable.Viewer):
     best_mode = param.Selector(default="min", objects=["min", "max"])
     pinned = param.ListSelector(default=[], objects=[])
     older_than = param.String(default="", doc="keep serials newer than this (7d, 12h); '': off")
+    slim_older_than = param.String(
+        default="", doc="delete the optimizer state of kept serials older than this; '': off"
+    )
 
     def __init__(self, workspace, **params):
         self.workspace: Workspace = as_workspace(workspace)
@@ -148,10 +151,11 @@ class RetentionView(pn.viewable.Viewer):
             if self.best_metric else None,
             "pinned": tuple(int(s) for s in self.pinned),
             "older_than": self.older_than.strip() or None,
+            "slim_older_than": self.slim_older_than.strip() or None,
         }  # fmt: skip
 
     @param.depends("run", "keep_last", "keep_every", "every_by", "best_metric", "best_n",
-                   "best_mode", "pinned", "older_than", watch=True)  # fmt: skip
+                   "best_mode", "pinned", "older_than", "slim_older_than", watch=True)  # fmt: skip
     def _forget_plan(self) -> None:
         self.plan = None
         self.delete.visible = False
@@ -163,13 +167,15 @@ class RetentionView(pn.viewable.Viewer):
         cat = self.workspace.runs[self.run]
         policy = self.policy()
         if not any(v for v in policy.values()):
-            raise ValueError("set at least one rule (keep last, every, best, pinned, newer than)")
+            raise ValueError(
+                "set at least one rule (keep last, every, best, pinned, newer than, slim)"
+            )
         return cat.plan_retention(**policy)
 
     def doomed(self) -> list[int]:
         if self.plan is None:
             return []
-        return [int(s) for s in self.plan.index[self.plan["action"] == "delete"]]
+        return [int(s) for s in self.plan.index[self.plan["action"].isin(["delete", "slim"])]]
 
     def show_plan(self, plan: pd.DataFrame) -> None:
         self.plan = plan
@@ -178,9 +184,11 @@ class RetentionView(pn.viewable.Viewer):
         shown["size"] = [int(n) for n in plan["nbytes"]]  # bytes, shown readable: sorts by size
         self.table.value = shown
         doomed = self.doomed()
-        freed = int(plan.loc[doomed, "nbytes"].sum()) if doomed else 0
+        freed = int(plan.loc[doomed, "frees"].sum()) if doomed else 0
+        n_slim = int((plan["action"] == "slim").sum())
+        slim = f", slim **{n_slim}** (optimizer state only)" if n_slim else ""
         text = (
-            f"**Plan:** keep {len(plan) - len(doomed)}, delete **{len(doomed)}** "
+            f"**Plan:** keep {len(plan) - len(doomed)}, delete **{len(doomed) - n_slim}**{slim} "
             f"({human_bytes(freed)} freed). Nothing is deleted until you confirm."
         )
         if not self.workspace.allow_write:
@@ -203,7 +211,7 @@ class RetentionView(pn.viewable.Viewer):
         doomed = self.doomed()
         if not doomed:
             raise RuntimeError("nothing to delete: plan first")
-        freed = int(self.plan.loc[doomed, "nbytes"].sum())
+        freed = int(self.plan.loc[doomed, "frees"].sum())
         noun = "checkpoint" if len(doomed) == 1 else "checkpoints"
         self.dialog.title = f"Delete {len(doomed)} {noun}?"
         self.confirm_text.object = (
@@ -233,8 +241,11 @@ class RetentionView(pn.viewable.Viewer):
     def show_result(self, deleted: pd.DataFrame) -> None:
         freed = int(deleted["nbytes"].sum()) if len(deleted) else 0
         serials = ", ".join(str(int(s)) for s in deleted.index)
+        n_slim = int((deleted["action"] == "slim").sum()) if "action" in deleted else 0
+        n_del = len(deleted) - n_slim
+        slim = f", slimmed {n_slim}" if n_slim else ""
         text = (
-            f"**Deleted {len(deleted)} checkpoint{'s' if len(deleted) != 1 else ''}** "
+            f"**Deleted {n_del} checkpoint{'s' if n_del != 1 else ''}{slim}** "
             f"(serials {serials or 'none'}; {human_bytes(freed)} freed)."
         )
         set_notice(self.message, text, "success")
@@ -243,7 +254,10 @@ class RetentionView(pn.viewable.Viewer):
         self.table.value = pd.DataFrame(
             {
                 "serial": [int(x) for x in deleted.index],
-                "action": [badge("deleted")] * len(deleted),
+                "action": [
+                    badge("slimmed" if a == "slim" else "deleted")
+                    for a in deleted.get("action", ["delete"] * len(deleted))
+                ],  # fmt: skip
                 "reason": [str(p) for p in deleted.get("path", [""] * len(deleted))],
                 "size": [int(n) for n in deleted["nbytes"]],
                 "step": [None] * len(deleted),
@@ -266,7 +280,8 @@ class RetentionView(pn.viewable.Viewer):
     def save(self):
         """Store the form's policy with the tree (``cat.set_retention``)."""
         self.workspace.guard.require_write("save the retention policy")
-        return self.workspace.runs[self.run].set_retention(**self.policy())
+        policy = {k: v for k, v in self.policy().items() if k != "slim_older_than"}
+        return self.workspace.runs[self.run].set_retention(**policy)
 
     def _on_save(self, event=None) -> None:
         try:
@@ -288,6 +303,9 @@ class RetentionView(pn.viewable.Viewer):
                 w.Select.from_param(self.param.every_by, label="K counts", width=100),
                 w.TextInput.from_param(self.param.older_than, label="keep newer than",
                                        placeholder="7d, 12h", width=130),
+                w.TextInput.from_param(self.param.slim_older_than, label="slim older than",
+                                       placeholder="7d: drop optimizer state", width=150,
+                                       css_classes=["ckptview-slim-older-than"]),
             ),
             pn.Row(
                 w.Select.from_param(self.param.best_metric, label="best N by metric", width=170),

@@ -24,6 +24,10 @@ def _empty(col: pd.Series) -> bool:
     return all(v is None or v == "" or (isinstance(v, float) and pd.isna(v)) for v in col)
 
 
+#: the timeline choice that shows ``cat.usage()`` as stacked bars
+BY_KIND = "bytes by kind"
+
+
 class SerialsTable(pn.viewable.Viewer):
     """Serials with status at a glance; ``selected`` follows the clicked row.
 
@@ -70,7 +74,7 @@ class SerialsTable(pn.viewable.Viewer):
 
     def _set_choices(self) -> None:
         metrics = [str(c) for c in metrics_wide(self.catalog).columns]
-        self.param.y.objects = ["size", *metrics]
+        self.param.y.objects = ["size", BY_KIND, *metrics]
         optional = [*BASE_COLUMNS[2:], *self._metric_columns(), "loadable", "error", "warning"]
         self.param.columns.objects = optional
         if not self.columns:  # default: the essentials, the first metrics, no empty columns
@@ -230,6 +234,8 @@ class SerialsTable(pn.viewable.Viewer):
         if self.y == "size":
             f["MiB"] = f["nbytes"].astype("float64") / 2**20
             return plots.timeline(f, x, "MiB", "size (MiB)", "serials: size")
+        if self.y == BY_KIND:
+            return plots.usage_bars(self.catalog.usage())
         m = metrics_wide(self.catalog)
         f[self.y] = [m[self.y].get(s) if self.y in m else None for s in f["serial"]]
         f[self.y] = pd.to_numeric(f[self.y], errors="coerce")
