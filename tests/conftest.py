@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,14 @@ def corpus_path(*parts: str) -> Path:
     if not path.exists():
         pytest.fail(f"corpus path missing: {path} (set CKPTVIEW_CORPUS)")
     return path
+
+
+def corpus_copy(rel: str, dest: Path) -> Path:
+    """A writable copy of a corpus tree at ``dest`` (the shared corpus is read-only)."""
+    shutil.copytree(corpus_path(rel), dest)
+    for p in dest.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dest
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import corpus_path, ground_truth
+from conftest import corpus_copy, corpus_path, ground_truth
 from test_deepspeed import torch_zip
 
 import ckptview as cv
@@ -20,11 +20,7 @@ VERL = "llm/fsdp_verl"
 
 
 def tree_copy(tmp_path: Path, rel: str) -> Path:
-    dest = tmp_path / Path(rel).name
-    shutil.copytree(corpus_path(rel), dest)
-    for p in dest.rglob("*"):
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    return dest
+    return corpus_copy(rel, tmp_path / Path(rel).name)
 
 
 def close(a: float, b: float) -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
-from conftest import corpus_path
+from conftest import corpus_copy, corpus_path
 from test_crash_safety import check_journal, faulty_catalog, snapshot
 
 import ckptview as cv
@@ -21,11 +21,7 @@ HF = "modern/hf"
 
 
 def tree_copy(tmp_path: Path, rel: str, name: str = "tree") -> Path:
-    dest = tmp_path / name
-    shutil.copytree(corpus_path(rel), dest)
-    for p in dest.rglob("*"):
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    return dest
+    return corpus_copy(rel, tmp_path / name)
 
 
 @pytest.mark.parametrize("tree", [VERL, HF, "llm/deepspeed_zero", "llm/megatron_legacy"])

@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import corpus_path
+from conftest import corpus_copy, corpus_path
 
 import ckptview as cv
 from ckptview.demo import model_arrays, write_demo
@@ -383,11 +383,7 @@ def test_verify_action_shows_the_findings(tmp_path):
 
 
 def _verl_copy(tmp_path):
-    dest = tmp_path / "verl"
-    shutil.copytree(corpus_path("llm/fsdp_verl"), dest)
-    for p in dest.rglob("*"):
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    return dest
+    return corpus_copy("llm/fsdp_verl", tmp_path / "verl")
 
 
 def test_retention_tab_slims(tmp_path):

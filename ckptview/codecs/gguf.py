@@ -9,7 +9,6 @@ merges, scores) are variables of kind ``tokenizer``/``metadata``, read on demand
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from ..formats.gguf import (
     Truncated,
     dequantize,
     parse_header,
+    read_strings,
 )
 from ..io import Blob
 from ..model import Span, VarInfo
@@ -33,7 +33,6 @@ from .base import Codec, CodecTier
 FIRST_READ = (256 << 10, 16 << 20)
 MAX_HEADER = 1 << 30
 INLINE_ITEMS = 16  # metadata arrays up to this many items stay in attrs["metadata"]
-_U64 = struct.Struct("<Q").unpack_from
 _ITEM_FORMATS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
                  10: "<u8", 11: "<i8", 12: "<f8"}  # fmt: skip
 
@@ -131,14 +130,8 @@ def _metadata_var(path: str, key: str, where: tuple) -> VarInfo:
 
 
 def _read_strings(blob: Blob, var: VarInfo) -> np.ndarray:
-    buf = blob.read(var.span.offset, var.span.length)
     out = np.empty(var.shape[0], dtype=object)
-    at = 0
-    for i in range(var.shape[0]):
-        (n,) = _U64(buf, at)
-        at += 8
-        out[i] = buf[at : at + n].decode("utf-8", errors="replace")
-        at += n
+    out[:] = read_strings(blob.read(var.span.offset, var.span.length), var.shape[0])
     return out
 
 

@@ -310,6 +310,12 @@ class _Reader:
 LongArray = Callable[[str, int, int, int, int], None]
 
 
+def read_strings(buf: bytes, count: int) -> list[str]:
+    """``count`` GGUF strings (``u64`` length, UTF-8 bytes) back to back in ``buf``."""
+    r = _Reader(buf, len(buf))
+    return [r.string() for _ in range(count)]
+
+
 def parse_header(buf: bytes, size: int, long_array: LongArray | None = None,
                  inline_items: int = 16) -> Header:  # fmt: skip
     """The header from the first bytes of a file of ``size`` bytes; raises ``Truncated(n)``

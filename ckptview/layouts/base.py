@@ -295,3 +295,45 @@ def renumber(name: str, old: int, new: int) -> str:
     m = runs[-1]
     width = len(m.group(1)) if m.group(1).startswith("0") else 0
     return name[: m.start()] + str(new).zfill(width) + name[m.end() :]
+
+
+class TrackerLayout(Layout):
+    """A layout whose trainer names the serial to resume from in a small text file (Megatron
+    and verl's ``latest_checkpointed_iteration.txt``): it sets the scan's ``latest``, and a
+    restore rewrites it rather than copying the serial."""
+
+    tracker: ClassVar[str] = "latest_checkpointed_iteration.txt"
+    #: tracker text -> serial for words that stand for one (Megatron's ``release``)
+    tracker_words: ClassVar[dict[str, int]] = {}
+
+    def read_tracker(self, tree: Tree, scan: TreeScan) -> TreeScan:
+        """``scan`` with the serial the tracker names as its framework latest (if any)."""
+        if not tree.exists(self.tracker):
+            return scan
+        try:
+            text = tree.read_text(self.tracker, limit=64).strip()
+            tracked = self.tracker_words[text] if text in self.tracker_words else int(text)
+        except (ValueError, OSError):
+            return scan
+        scan.latest, scan.latest_rule = tracked, True
+        scan.attrs["tracker"] = tracked
+        return scan
+
+    def tracker_text(self, tree: Tree, info: SerialInfo) -> str:
+        """What the tracker says to name ``info`` (default: its number)."""
+        return str(info.serial)
+
+    def _tracker_op(self, tree: Tree, info: SerialInfo) -> Op:
+        data = self.tracker_text(tree, info).encode()
+        return Op("write", self.tracker, data=data, nbytes=len(data), replace=True, note="state")
+
+    def promoted_serial(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> int:
+        return info.serial
+
+    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """Rewrite the tracker (tmp + rename) to name the serial."""
+        return [self._tracker_op(tree, info)]
+
+    def export_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
+        """The serial's files, then the tracker naming it."""
+        return [*self.copy_ops(tree, info), self._tracker_op(tree, info)]

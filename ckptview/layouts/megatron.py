@@ -16,15 +16,14 @@ from __future__ import annotations
 import posixpath
 import re
 
-from ..model import FileRef, Op, Piece, SerialInfo, TreeScan, VarInfo, inline_value
+from ..model import FileRef, Piece, SerialInfo, TreeScan, VarInfo, inline_value
 from ..tree import Tree
-from .base import Layout, LayoutTier
+from .base import LayoutTier, TrackerLayout
 
 ITER_DIR = re.compile(r"^(?:iter_(\d{7,})|release)$")
 RANK_DIR = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?$")
 MODEL_FILE = "model_optim_rng.pt"
 DISTRIB_OPTIM = "distrib_optim.pt"
-TRACKER = "latest_checkpointed_iteration.txt"
 RELEASE = 0  # the serial number of ``release/``
 
 #: weight names split on dim 0 (column-parallel, vocab-parallel) and dim 1 (row-parallel)
@@ -40,7 +39,7 @@ LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 MODEL_PREFIX = re.compile(r"^model\d*/")
 
 
-class MegatronLayout(Layout):
+class MegatronLayout(TrackerLayout):
     """``iter_N`` (or ``release``) dirs of per-rank ``model_optim_rng.pt``, with the tracker."""
 
     name = "megatron-legacy"
@@ -50,6 +49,7 @@ class MegatronLayout(Layout):
         "(``load_checkpoint``)"
     )
     priority = LayoutTier.CONVENTION
+    tracker_words = {"release": RELEASE}
 
     def guess_can_open(self, tree: Tree) -> bool:
         if tree.single:
@@ -90,12 +90,7 @@ class MegatronLayout(Layout):
             if problems:
                 info.complete, info.error = False, problems
             serials.append(info)
-        scan = TreeScan(serials)
-        tracked = _tracker(tree)
-        if tracked is not None:
-            scan.latest, scan.latest_rule = tracked, True
-            scan.attrs["tracker"] = tracked
-        return scan
+        return self.read_tracker(tree, TreeScan(serials))
 
     def _ref(self, tree: Tree, rank: tuple[int, int, int], rel: str, pipelined: bool) -> FileRef:
         tp, pp, ep = rank
@@ -136,17 +131,11 @@ class MegatronLayout(Layout):
             out.append(piece)
         return out
 
-    # -- management: the tracker names the iteration Megatron resumes from
-    def promoted_serial(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> int:
-        return info.serial
-
-    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
-        """Rewrite the tracker (tmp + rename) to name the iteration."""
-        return [_tracker_op(info, tree)]
-
-    def export_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
-        """The iteration dir's files, then the tracker naming it."""
-        return [*self.copy_ops(tree, info), _tracker_op(info, tree)]
+    def tracker_text(self, tree: Tree, info: SerialInfo) -> str:
+        """``release`` for the release dir, else the iteration."""
+        return (
+            "release" if posixpath.basename(tree.rel(info.path)) == "release" else str(info.serial)
+        )
 
 
 def _rule(var: VarInfo, tp: int, n_tp: int | None, swiglu: bool | None,
@@ -231,19 +220,3 @@ def _missing(files: list[tuple[tuple[int, int, int], str]]) -> str | None:
         return None
     names = ", ".join(f"mp_rank_{t:02d}" + (f"_{p:03d}" if p else "") for t, p, _ in gaps[:4])
     return f"no {MODEL_FILE} of {names}"
-
-
-def _tracker(tree: Tree) -> int | None:
-    if not tree.exists(TRACKER):
-        return None
-    try:
-        text = tree.read_text(TRACKER, limit=64).strip()
-        return RELEASE if text == "release" else int(text)
-    except (ValueError, OSError):
-        return None
-
-
-def _tracker_op(info: SerialInfo, tree: Tree) -> Op:
-    release = posixpath.basename(tree.rel(info.path)) == "release"
-    data = b"release" if release else str(info.serial).encode()
-    return Op("write", TRACKER, data=data, nbytes=len(data), replace=True, note="state")

@@ -14,13 +14,12 @@ from __future__ import annotations
 import posixpath
 import re
 
-from ..model import FileRef, Op, SerialInfo, TreeScan
+from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, LayoutTier
+from .base import LayoutTier, TrackerLayout
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 RANK_FILE = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
-TRACKER = "latest_checkpointed_iteration.txt"
 KINDS = {
     "model": ("", "model"),
     "optim": ("optim", "optimizer"),
@@ -28,7 +27,7 @@ KINDS = {
 }
 
 
-class VerlLayout(Layout):
+class VerlLayout(TrackerLayout):
     """``global_step_N`` dirs of per-rank FSDP files, with verl's step tracker."""
 
     name = "fsdp-verl"
@@ -82,12 +81,7 @@ class VerlLayout(Layout):
             if problems:
                 info.complete, info.error = False, "; ".join(problems)
             serials.append(info)
-        scan = TreeScan(serials)
-        tracked = _tracker(tree)
-        if tracked is not None:
-            scan.latest, scan.latest_rule = tracked, True
-            scan.attrs["tracker"] = tracked
-        return scan
+        return self.read_tracker(tree, TreeScan(serials))
 
     def _ref(self, tree: Tree, role: str, n_roles: int, f: tuple[str, int, int, str]) -> FileRef:
         kind, world, rank, rel = f
@@ -96,18 +90,6 @@ class VerlLayout(Layout):
             prefix = posixpath.join(role, prefix) if prefix else role
         return FileRef(tree.abs(rel), node=f"rank{rank}", prefix=prefix, kind=var_kind,
                        codec="torch", size=tree.size(rel))  # fmt: skip
-
-    # -- management: the tracker names the step the trainer resumes from
-    def promoted_serial(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> int:
-        return info.serial
-
-    def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
-        """Rewrite the tracker (tmp + rename) to name the step."""
-        return [_tracker_op(info)]
-
-    def export_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list[Op]:
-        """The step dir's files, then the tracker naming it."""
-        return [*self.copy_ops(tree, info), _tracker_op(info)]
 
 
 def _order(f: tuple[str, int, int, str]) -> tuple[int, str]:
@@ -129,17 +111,3 @@ def _missing(role: str, files: list[tuple[str, int, int, str]]) -> list[str]:
     have = {(k, r) for k, _, r, _ in files}
     gaps = [f"{k} of rank {r}" for r in range(world) for k in sorted(kinds) if (k, r) not in have]
     return [f"{role}: no {', '.join(gaps)} (world size {world})"] if gaps else []
-
-
-def _tracker(tree: Tree) -> int | None:
-    if not tree.exists(TRACKER):
-        return None
-    try:
-        return int(tree.read_text(TRACKER, limit=64).strip())
-    except (ValueError, OSError):
-        return None
-
-
-def _tracker_op(info: SerialInfo) -> Op:
-    data = str(info.serial).encode()
-    return Op("write", TRACKER, data=data, nbytes=len(data), replace=True, note="state")

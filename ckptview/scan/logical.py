@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..dtypes import itemsize, np_dtype
+from ..dtypes import np_dtype
 from ..model import FileRef, Piece, VarInfo
 from .listing import FileResult
-from .tables import var_name
+from .tables import stored_nbytes, var_name
 
 #: the codec name of the synthetic results holding assembled variables
 ASSEMBLED = "(assembled)"
@@ -51,7 +51,7 @@ class Placed:
 
     @property
     def nbytes(self) -> int:
-        whole = _nbytes(self.var)
+        whole = stored_nbytes(self.var)
         if self.rows is None or not self.var.shape or not self.var.shape[0]:
             return whole
         return whole * (self.rows[1] - self.rows[0]) // int(self.var.shape[0])
@@ -203,12 +203,6 @@ def _coverage(shape: tuple[int, ...], placed: list[Placed]) -> list[str]:
     elif not errors and covered > total:
         errors.append(f"pieces overlap: {covered} elements for a tensor of {total}")
     return errors
-
-
-def _nbytes(var: VarInfo) -> int:
-    if var.nbytes is not None:
-        return int(var.nbytes)
-    return var.numel * itemsize(var.dtype) if var.dtype != "object" else 0
 
 
 def _where(res: FileResult) -> str:

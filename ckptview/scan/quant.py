@@ -17,15 +17,15 @@ set of one serial and node; anything else stays as stored.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..dtypes import np_dtype
 from ..model import Piece, VarInfo
 from .listing import FileResult
-from .tables import var_name
+from .logical import ReadPiece
+from .tables import stored_nbytes, var_name
 
 #: the codec name of the synthetic results holding quantized groups
 QUANTIZED = "(quantized)"
@@ -33,7 +33,6 @@ QUANTIZED = "(quantized)"
 FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                        -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)  # fmt: skip
 FP8_BLOCK = 128
-ReadPiece = Callable[[FileResult, VarInfo], np.ndarray]
 
 
 @dataclass
@@ -151,14 +150,10 @@ def _block(shape: tuple[int, int], scale: tuple[int, int]) -> tuple[int, int] | 
 
 def _row(head: VarInfo, name: str, grp: Group, shape: tuple[int, ...]) -> VarInfo:
     var = VarInfo(name, "float32", tuple(int(d) for d in shape), kind=head.kind)
-    var.nbytes = _stored(grp.data.var) + _stored(grp.scale.var)
+    var.nbytes = stored_nbytes(grp.data.var) + stored_nbytes(grp.scale.var)
     var.locator = grp
     var.attrs = {"quant": grp.scheme, "n_shards": 1, "stored_dtype": grp.data.var.dtype}
     return var
-
-
-def _stored(var: VarInfo) -> int:
-    return int(var.nbytes) if var.nbytes is not None else var.numel * np_dtype(var.dtype).itemsize
 
 
 # -- reading ----------------------------------------------------------------------------------

@@ -314,7 +314,7 @@ def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
         for var in res.variables:
             rows.append((res.serial, var_name(res.ref, var), res.ref.node, url(res.ref.path),
                          var.name, (0,) * len(var.shape), tuple(map(int, var.shape)),
-                         var.dtype, _stored_nbytes(var), "data", ""))  # fmt: skip
+                         var.dtype, stored_nbytes(var), "data", ""))  # fmt: skip
     for (serial, name), placed in logical.pieces.items():
         for p in placed:
             placement = p.piece.placement + (" (replica)" if p.copy else "")
@@ -325,7 +325,8 @@ def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
     return df.astype({"serial": "int64", "nbytes": "int64"})
 
 
-def _stored_nbytes(var: VarInfo) -> int:
+def stored_nbytes(var: VarInfo) -> int:
+    """Bytes a listed variable takes as stored (its own count, else numel x itemsize)."""
     if var.nbytes is not None:
         return int(var.nbytes)
     return var.numel * itemsize(var.dtype) if var.dtype != "object" else 0
