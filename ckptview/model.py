@@ -15,7 +15,7 @@ STAGE_DIR = f"{META_DIR}/tmp"
 KINDS = ("model", "optimizer", "trainer", "lookup_table", "rng", "scheduler", "other")
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     """Where a variable's raw values lie: ``length`` bytes at ``offset`` of file ``path``.
 
@@ -30,7 +30,7 @@ class Span:
     disk_dtype: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class VarInfo:
     """One variable as a codec lists it from a header (no values read)."""
 

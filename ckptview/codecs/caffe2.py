@@ -104,7 +104,11 @@ def _tensor_var(blob: BlobRecord) -> VarInfo:
         attrs={
             "caffe2_data_type": DTYPE_NAMES.get(code, str(code)),
             "n_records": len(blob.chunks),
-            "storage_fields": sorted({_FIELD_NAMES[f] for c in blob.chunks for f in c.fields}),
+            "storage_fields": sorted(
+                {_FIELD_NAMES[f] for c in blob.chunks for f in c.fields}
+                if len(blob.chunks) > 1
+                else map(_FIELD_NAMES.__getitem__, first.fields)
+            ),
         },
     )
 

@@ -29,6 +29,7 @@ PY2_LONG = re.compile(r"(\d)L\b")
 NEEDS_PICKLE = "object array: its values are a pickle, which ckptview never runs"
 MAX_HEADER = 1 << 20  # numpy itself refuses headers over 10 000 bytes unless told otherwise
 _LOCAL = struct.Struct("<4s5H3L2H")  # zip local file header (30 bytes)
+_INFLATE_OUT = 8 << 20  # inflated bytes per decompress call
 _INFLATE_STEP = 64 << 10
 _PEEK = 256  # first bytes of each member read with its local header: the .npy header
 
@@ -226,10 +227,18 @@ class NpzCodec(Codec):
 
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
         loc = var.locator
-        if isinstance(loc, _Member):
-            data = b"".join(_checked(blob, loc, var.name))
-            arr = np.frombuffer(data, dtype=np.dtype(loc.dtype)).reshape(var.shape, order=loc.order)
-            return arr.astype(arr.dtype.newbyteorder("="), copy=False)
+        if isinstance(loc, _Member):  # inflated into place: the array is the only copy
+            dt = np.dtype(loc.dtype)
+            flat = np.empty(var.numel, dtype=dt)
+            out, at = memoryview(flat).cast("B"), 0
+            for piece in _checked(blob, loc, var.name):
+                if at + len(piece) > len(out):
+                    raise ValueError(f"{var.name}: member inflates past its {len(out)} bytes")
+                out[at : at + len(piece)] = piece
+                at += len(piece)
+            if not dt.isnative:
+                flat = flat.byteswap(inplace=True).view(dt.newbyteorder("="))
+            return flat.reshape(var.shape, order=loc.order)
         if isinstance(loc, tuple) and loc[0] == "raw":
             _, start, size, method = loc
             if method == STORED:
@@ -302,7 +311,7 @@ def _inflate(
     d = zlib.decompressobj(-zlib.MAX_WBITS)
     first = first[:size]
     pos, end = offset + len(first), offset + size
-    to_skip, left = skip, want
+    to_skip, left, drained = skip, want, False
     while left > 0:
         if d.unconsumed_tail:
             chunk = d.unconsumed_tail
@@ -312,10 +321,12 @@ def _inflate(
             n = min(step, end - pos)
             chunk = blob.read(pos, n)
             pos += n
+        elif not drained:  # input used up: what zlib still holds (a match cut at max_length)
+            chunk, drained = b"", True
         else:
             break
-        try:
-            out = d.decompress(chunk, to_skip + left)
+        try:  # at most _INFLATE_OUT per call: one compressed step may inflate 1000-fold
+            out = d.decompress(chunk, min(to_skip + left, _INFLATE_OUT))
         except zlib.error as e:
             raise ValueError(f"corrupt deflate stream: {e}") from None
         if to_skip:

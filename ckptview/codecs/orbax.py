@@ -10,7 +10,6 @@ through numpy + zstandard, OCDBT through tensorstore (the ``orbax`` extra).
 from __future__ import annotations
 
 import ast
-import json
 import posixpath
 from typing import Any
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from ..dtypes import itemsize, np_dtype
 from ..formats.ocdbt import OcdbtIndex
-from ..formats.small import read_json, read_small
+from ..formats.small import loads_json, read_json, read_small
 from ..formats.zarr import read_zarr2, zarr_dtype, zarr_shape
 from ..io import Blob, Storage
 from ..model import HintsLike, OrbaxHints, VarInfo
@@ -131,7 +130,7 @@ class OrbaxCodec(Codec):
         for key, entry in index.items().items():
             if key.endswith("/" + leaf):
                 try:
-                    found[key[: -len(leaf) - 1]] = json.loads(index.value(entry))
+                    found[key[: -len(leaf) - 1]] = loads_json(index.value(entry))
                 except Exception as e:  # noqa: BLE001
                     found[key[: -len(leaf) - 1]] = e
         return found
@@ -169,11 +168,11 @@ class OrbaxJsonCodec(Codec):
         return False  # forced by the orbax layout
 
     def list_variables(self, blob: Blob, hints: HintsLike) -> list[VarInfo]:
-        json.loads(read_small(blob.storage, blob.path, blob.size).decode("utf-8"))
+        loads_json(read_small(blob.storage, blob.path, blob.size).decode("utf-8"))
         return [VarInfo("", "object", (), blob.size, kind=OrbaxHints.of(hints).kind)]
 
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
-        doc = json.loads(read_small(blob.storage, blob.path, blob.size).decode("utf-8"))
+        doc = loads_json(read_small(blob.storage, blob.path, blob.size).decode("utf-8"))
         out = np.empty((), dtype=object)
         out[()] = doc
         return out

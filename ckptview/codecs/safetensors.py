@@ -18,6 +18,7 @@ import numpy as np
 
 from ..dtypes import np_dtype, packed_nbytes, unpack_bits
 from ..formats.safetensors import DTYPES, PACKED
+from ..formats.small import loads_json
 from ..io import Blob
 from ..model import Piece, Span, VarInfo
 from .base import Codec, CodecTier, PartialRead
@@ -102,6 +103,12 @@ class SafetensorsCodec(Codec):
                 beyond.append(name)
                 continue
             append(var)
+        clash = overlapping(out)
+        if clash:
+            raise ValueError(
+                f"{blob.name}: tensors {clash[0]!r} and {clash[1]!r} share bytes (the "
+                "safetensors loader refuses overlapping data_offsets)"
+            )
         if meta and "DCP_SHARDING_INFO" in meta:
             _mark_pieces(out, meta["DCP_SHARDING_INFO"])
         if beyond:
@@ -150,12 +157,51 @@ def header_bytes(blob: Blob) -> tuple[bytes, int]:
 
 def parse_header(blob: Blob, raw: bytes) -> dict:
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = loads_json(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{blob.name}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{blob.name}: header is not a JSON object")
+    entries = sum(1 for e in header.values() if type(e) is dict and "data_offsets" in e)
+    if raw.count(b'"data_offsets"') != entries:  # a name twice, or the word in a string
+        dupes = _duplicate_names(raw)
+        if dupes:
+            raise ValueError(
+                f"{blob.name}: header names {dupes[0]!r} twice (the safetensors loader "
+                "refuses duplicate keys)"
+            )
     return header
+
+
+def _duplicate_names(raw: bytes) -> list[str]:
+    """Top-level names a header holds more than once (the slow, exact check)."""
+    dupes: list[str] = []
+
+    def pairs(items: list) -> dict:
+        seen: dict = {}
+        for k, v in items:
+            if k in seen and isinstance(v, dict) and "data_offsets" in v:
+                dupes.append(k)
+            seen[k] = v
+        return seen
+
+    json.loads(raw, object_pairs_hook=pairs)
+    return dupes
+
+
+def overlapping(variables: list[VarInfo]) -> tuple[str, str] | None:
+    """Two variables whose byte spans overlap (the safetensors loader refuses the file)."""
+    spans = [(v.span.offset, v.span.length, v.name) for v in variables if v.span is not None]
+    if len(spans) < 2:
+        return None
+    begin = np.fromiter((s[0] for s in spans), np.int64, len(spans))
+    end = begin + np.fromiter((s[1] for s in spans), np.int64, len(spans))
+    order = np.lexsort((end, begin))  # empty tensors first at a shared offset
+    bad = np.nonzero(begin[order][1:] < end[order][:-1])[0]
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    return spans[order[i]][2], spans[order[i + 1]][2]
 
 
 #: headers at least this long are parsed with the cyclic GC paused: parsing allocates a few
@@ -202,6 +248,8 @@ def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
         return VarInfo(name, "object", tuple(shape), error=f"data_offsets {offsets} decrease")
     span = Span(path, data_start + begin, end - begin)
     attrs = {"safetensors_dtype": code}
+    if not isinstance(code, str):
+        return VarInfo(name, "object", tuple(shape), error=f"bad dtype {code!r}"[:200])
     if code in PACKED:
         dtype, bits = PACKED[code]
         var = VarInfo(name, dtype, tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
@@ -242,7 +290,7 @@ def _mark_pieces(variables: list[VarInfo], info: Any) -> None:
     """DCP-written shards (``HuggingFaceStorageWriter``): each tensor's ``saved_offsets`` in
     the full tensor, from ``__metadata__["DCP_SHARDING_INFO"]`` (a JSON object)."""
     try:
-        table = json.loads(info) if isinstance(info, str) else None
+        table = loads_json(info) if isinstance(info, str) else None
     except ValueError:
         table = None
     if not isinstance(table, dict):

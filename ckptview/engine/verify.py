@@ -11,7 +11,6 @@ of every stored zip member (torch, npz, keras files), streamed with bounded memo
 
 from __future__ import annotations
 
-import json
 import posixpath
 import zlib
 from collections import Counter, defaultdict
@@ -21,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..dtypes import is_numeric, itemsize, np_dtype, packed_nbytes
+from ..formats.small import loads_json
 from ..formats.zipdir import STORED, locate, read_directory
 from ..model import VarInfo
 from ..scan.core import Scan
@@ -118,7 +118,7 @@ def _indexes(scan: Scan, serial: int, results: list[FileResult]) -> Iterator[Fin
 def _index(scan: Scan, serial: int, rel: str, results: list[FileResult]) -> Iterator[Finding]:
     tree, url = scan.tree, scan.tree.url(rel)
     try:
-        doc = json.loads(tree.read_bytes(rel, MAX_INDEX_BYTES))
+        doc = loads_json(tree.read_bytes(rel, MAX_INDEX_BYTES))
         weight_map = doc["weight_map"]
         assert isinstance(weight_map, dict)
     except Exception as e:  # noqa: BLE001 - an unreadable index is itself the finding

@@ -8,13 +8,13 @@ and safetensors-sharded layouts and by numbered checkpoint dirs holding a saved 
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 from typing import Any
 
 from ..model import FileRef
 from ..tree import Tree
+from .small import loads_json
 
 SHARD = re.compile(r"^(?P<stem>.+)-\d{5}-of-\d{5}\.(?P<ext>safetensors|bin)$")
 #: weight file stem -> the logical prefix of its variables
@@ -25,22 +25,25 @@ RANK_SHARD = re.compile(r"^shard-(?P<rank>\d{5})-(?P<stem>.+)-\d{5}-of-\d{5}\.sa
 RANK_DIR = "sharded"
 
 
-def read_json(tree: Tree, rel: str) -> Any:
-    """A small JSON file, or None when missing or unparsable."""
+def read_json(tree: Tree, rel: str, problems: list[str] | None = None) -> Any:
+    """A small JSON file, or None when missing or unparsable (why: in ``problems``)."""
     if not tree.exists(rel):
         return None
     try:
-        return json.loads(tree.read_text(rel, limit=256 << 20))
-    except ValueError:
+        return loads_json(tree.read_text(rel, limit=256 << 20))
+    except (ValueError, OSError) as e:
+        if problems is not None:
+            problems.append(f"{posixpath.basename(rel)} unreadable: {e}")
         return None
 
 
 def weight_refs(
-    tree: Tree, rel_dir: str, meta: dict | None = None
+    tree: Tree, rel_dir: str, meta: dict | None = None, problems: list[str] | None = None
 ) -> tuple[list[FileRef], list[str]]:
     """Model weight files of a directory (single or sharded) and the index files consumed.
 
-    The indexes' ``metadata`` is merged into ``meta`` when given.
+    The indexes' ``metadata`` is merged into ``meta`` when given; an index that cannot be read
+    (``from_pretrained`` would fail on it) is described in ``problems``.
     Shards listed by a ``*.index.json`` get the logical prefix of their stem (``model``), so
     names carry no shard prefix; other weight files get the prefix of their stem.
     """
@@ -53,9 +56,16 @@ def weight_refs(
             continue
         weights = name[: -len(".index.json")]
         stem = weights.rsplit(".", 1)[0]
-        index = read_json(tree, prefix + name)
+        try:
+            index = loads_json(tree.read_text(prefix + name, limit=256 << 20))
+        except (ValueError, OSError) as e:
+            index = None
+            if problems is not None:
+                problems.append(f"{name} unreadable: {e}")
         shards = _index_shards(index)
         if shards is None:
+            if index is not None and problems is not None:
+                problems.append(f"{name} has no weight_map")
             continue
         if meta is not None and isinstance(index.get("metadata"), dict):
             meta.update(index["metadata"])

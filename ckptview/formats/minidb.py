@@ -13,10 +13,24 @@ import numpy as np
 
 from ..io import TruncatedError
 from .cursor import Window
-from .protobuf import LEN, VARINT, DecodeError, decode, read_varint, signed, varint_array, walk
+from .protobuf import (
+    LEN,
+    VARINT,
+    DecodeError,
+    decode,
+    read_varint,
+    signed,
+    varint_array,
+    walk,
+    walk_bytes,
+)
 
+_II = struct.Struct("<ii").unpack
 WINDOW = 64 << 10  # bytes per listing read: small records share one request
 MAX_SMALL = 1 << 20  # names, keys, dims, segments: larger is corrupt
+#: records listed per file: a budget (each costs a few µs and ~1 KiB listed); CheckpointManager
+#: writes one record per blob or chunk, far fewer than this
+MAX_RECORDS = 250_000
 
 
 CHUNK_SEP = "#%"
@@ -39,13 +53,25 @@ DTYPE_NAMES = {
 DATA_FIELDS = (3, 4, 5, 6, 9, 10, 13)  # float, int32, byte, string, double, int64, raw
 
 
+SMALL_RECORD = 4096  # a record value up to this size is read whole and walked in memory
+
+
+def _fields(win: Window, start: int, end: int):
+    """The fields of the message at ``[start, end)``: walked in memory when the window already
+    holds it (small records share one read), else field by field (payloads never read)."""
+    held = win.cached(start, end - start) if end - start <= SMALL_RECORD else None
+    if held is not None:
+        return walk_bytes(held, start)
+    return walk(win.get, start, end)
+
+
 def _small(win: Window, offset: int, length: int, what: str) -> bytes:
     if length > MAX_SMALL:
         raise DecodeError(f"{what} of {length} bytes is implausibly large")
     return win.get(offset, length)
 
 
-@dataclass
+@dataclass(slots=True)
 class Chunk:
     """One record of a blob: where its TensorProto lies and what its header says."""
 
@@ -63,7 +89,7 @@ class Chunk:
     chunk_id: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class BlobRecord:
     name: str
     type: str
@@ -72,7 +98,7 @@ class BlobRecord:
 
 
 def _tensor_head(win: Window, start: int, end: int, chunk: Chunk) -> None:
-    for number, wire, value, pos in walk(win.get, start, end):
+    for number, wire, value, pos in _fields(win, start, end):
         if number == 1:  # dims: unpacked varints, or packed
             if wire == VARINT:
                 chunk.dims += (signed(value),)
@@ -85,7 +111,10 @@ def _tensor_head(win: Window, start: int, end: int, chunk: Chunk) -> None:
             chunk.data_bytes += value if wire != VARINT else 1
         elif number == 11 and wire == LEN:
             seg = decode(_small(win, pos, value, "segment"))
-            begin, stop = (signed(seg[k][-1]) if seg.get(k) else None for k in (1, 2))
+            begin, stop = (
+                signed(seg[k][-1]) if seg.get(k) and isinstance(seg[k][-1], int) else None
+                for k in (1, 2)
+            )
             if begin is None or stop is None:
                 raise DecodeError("segment without begin/end")
             chunk.segment = (begin, stop)
@@ -97,7 +126,7 @@ def _record(win: Window, key: str, start: int, end: int) -> tuple[str, str, Chun
     """Name, type and header facts of one BlobProto value at [start, end)."""
     chunk = Chunk(key)
     name = type_ = None
-    for number, wire, value, pos in walk(win.get, start, end):
+    for number, wire, value, pos in _fields(win, start, end):
         if wire == LEN and number in (1, 2):
             text = _small(win, pos, value, "name").decode("utf-8", "replace")
             name, type_ = (text, type_) if number == 1 else (name, text)
@@ -123,6 +152,12 @@ def read_records(win: Window, size: int) -> tuple[dict[str, BlobRecord], list[st
     problems: list[str] = []
     pos = index = 0
     while pos < size:
+        if index >= MAX_RECORDS:
+            problems.append(
+                f"listing stopped after {MAX_RECORDS:,} records at offset {pos} of {size} "
+                "(a budget: no Caffe2 checkpoint writes this many)"
+            )
+            break
         left = size - pos
         if left < 4:
             problems.append(
@@ -134,7 +169,7 @@ def read_records(win: Window, size: int) -> tuple[dict[str, BlobRecord], list[st
         if left < 8:
             problems.append(f"truncated: file ends inside record {index}'s value length")
             break
-        key_len, value_len = struct.unpack("<ii", win.get(pos, 8))
+        key_len, value_len = _II(win.get(pos, 8))
         if key_len <= 0 or value_len <= 0:
             problems.append(
                 f"corrupt record {index} at offset {pos}: key length {key_len}, value length "

@@ -5,13 +5,13 @@ file holds, in its order, and each variable's dtype.
 
 from __future__ import annotations
 
-import json
 import threading
 import weakref
 
 from ..io import Blob
 from . import protobuf as pb
 from .paddle_stream import DTYPES, FormatError
+from .small import loads_json
 
 MAX_PROGRAM_BYTES = 256 << 20
 #: VarType codes never saved as tensors (FEED_MINIBATCH, FETCH_LIST, READER, RAW)
@@ -68,7 +68,7 @@ def _program_dtypes(blob: Blob, path: str) -> dict[str, str]:
         raise FormatError(f"program of {blob.size} bytes is too large")
     data = blob.read(0, blob.size)
     if path.lower().endswith(".json") or data[:1] == b"{":
-        return _pir_dtypes(json.loads(data))
+        return _pir_dtypes(loads_json(data))
     out = {}
     for raw in pb.decode(pb.decode(data).get(1, [b""])[0]).get(3, []):
         var = pb.decode(raw)
@@ -130,7 +130,7 @@ def program_desc_vars(data: bytes) -> list[tuple[str, int]]:
 
 def pir_persistable_names(data: bytes) -> list[str]:
     """Names of the persistable values of a PIR program JSON (parameters, persistable data)."""
-    doc = json.loads(data)
+    doc = loads_json(data)
     names: set[str] = set()
     for region in doc.get("program", {}).get("regions", []):
         for block in region.get("blocks", [])[:1]:

@@ -119,6 +119,31 @@ def walk(
         pos += length
 
 
+def walk_bytes(buf: bytes, base: int = 0) -> Iterator[tuple[int, int, int, int]]:
+    """:func:`walk` over a message already read (``buf``, at file offset ``base``): the same
+    fields and offsets, without a read per field."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = read_varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if number == 0:
+            raise DecodeError(f"field number 0 at offset {base + pos}")
+        if wire == VARINT:
+            value, pos = read_varint(buf, pos)
+            yield number, wire, value, base + pos
+            continue
+        if wire == LEN:
+            length, pos = read_varint(buf, pos)
+        elif wire in (I64, I32):
+            length = 8 if wire == I64 else 4
+        else:
+            raise DecodeError(f"unsupported wire type {wire} at offset {base + pos}")
+        if length > end - pos:
+            raise DecodeError(f"field {number} claims {length} bytes, {end - pos} left")
+        yield number, wire, length, base + pos
+        pos += length
+
+
 def decode(buf: bytes | memoryview) -> dict[int, list]:
     """All fields of a message: field number -> list of raw values in order."""
     out: dict[int, list] = defaultdict(list)
@@ -129,6 +154,8 @@ def decode(buf: bytes | memoryview) -> dict[int, list]:
 
 def signed(v: int, bits: int = 64) -> int:
     """Two's complement reinterpretation of a varint (proto int32/int64)."""
+    if type(v) is not int:  # a length-delimited or fixed field where a varint belongs
+        raise DecodeError(f"expected a varint, got {type(v).__name__}")
     return v - (1 << bits) if v >= 1 << (bits - 1) else v
 
 

@@ -8,9 +8,28 @@ from typing import Any
 from ..io import Blob, Storage
 
 MAX_JSON_BYTES = 256 << 20
+#: JSON documents nesting deeper are refused (state files nest a few levels; ``json.loads``
+#: raises RecursionError near 1,000 and callers walking a document recurse too)
+MAX_JSON_DEPTH = 200
 
 
-MAX_JSON_BYTES = 256 << 20
+def loads_json(data: str | bytes) -> Any:
+    """``json.loads`` that refuses documents nesting deeper than ``MAX_JSON_DEPTH`` with a
+    ValueError (never a RecursionError)."""
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"JSON nests more than {MAX_JSON_DEPTH} levels deep") from None
+    if isinstance(doc, (dict, list)):
+        todo = [(doc, 1)]
+        while todo:
+            node, depth = todo.pop()
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"JSON nests more than {MAX_JSON_DEPTH} levels deep")
+            for v in node.values() if isinstance(node, dict) else node:
+                if isinstance(v, (dict, list)):
+                    todo.append((v, depth + 1))
+    return doc
 
 
 def read_small(storage: Storage, path: str, size: int | None = None) -> bytes:
@@ -22,4 +41,4 @@ def read_small(storage: Storage, path: str, size: int | None = None) -> bytes:
 
 
 def read_json(storage: Storage, path: str, size: int | None = None) -> Any:
-    return json.loads(read_small(storage, path, size).decode("utf-8"))
+    return loads_json(read_small(storage, path, size).decode("utf-8"))

@@ -6,6 +6,11 @@ Every block ends with a 5-byte trailer: its compression (none or snappy) and a m
 verified for tables up to ``CRC_VERIFY_LIMIT`` (crc32c in pure Python). A table up to
 ``WHOLE_FILE_LIMIT`` is read in one request; a larger one block by block. No offset or length
 is trusted: each is checked against the file's size (or its block) before anything is read.
+
+Budgets, so that no index makes the walk outlast or outgrow its file: each data block is
+visited once (an index naming one block twice is refused), a key may not outgrow
+``MAX_KEY`` nor its block, and the keys walked may total at most ``KEY_BYTES_PER_BYTE`` times
+the file's size (prefix compression lets an entry of a few bytes name a long key).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ FOOTER_SIZE = 48
 BLOCK_TRAILER = 5
 WHOLE_FILE_LIMIT = 16 << 20  # smaller indexes are read in one request
 CRC_VERIFY_LIMIT = 4 << 20  # pure-Python crc32c: verify blocks of indexes up to this size
+MAX_KEY = 1 << 16  # TF bundle keys are tensor names
+KEY_BYTES_PER_BYTE = 64  # the key bytes a table may spell per byte of file (plus 1 MiB)
 
 
 class FormatError(ValueError):
@@ -61,8 +68,12 @@ def handle(buf: bytes | memoryview, pos: int) -> tuple[int, int, int]:
     return offset, size, pos
 
 
-def block_entries(block: bytes) -> Iterator[tuple[bytes, memoryview]]:
-    """(key, value) pairs of one table block (prefix-compressed keys, restart array at the end)."""
+def block_entries(
+    block: bytes, budget: list[int] | None = None
+) -> Iterator[tuple[bytes, memoryview]]:
+    """(key, value) pairs of one table block (prefix-compressed keys, restart array at the end).
+
+    ``budget`` (a one-item list) counts down the key bytes this walk may still spell."""
     n = len(block)
     if n < 4:
         raise FormatError("block shorter than its restart count")
@@ -78,6 +89,12 @@ def block_entries(block: bytes) -> Iterator[tuple[bytes, memoryview]]:
         value_len, pos = pb.read_varint(mv, pos)
         if shared > len(key) or non_shared + value_len > limit - pos:
             raise FormatError("block entry runs past its block")
+        if shared + non_shared > min(MAX_KEY, n):
+            raise FormatError(f"block key of {shared + non_shared} bytes outgrows its block")
+        if budget is not None:
+            budget[0] -= shared + non_shared
+            if budget[0] < 0:
+                raise FormatError("table keys total more than the file could name")
         key = key[:shared] + bytes(mv[pos : pos + non_shared])
         pos += non_shared
         yield key, mv[pos : pos + value_len]
@@ -123,9 +140,14 @@ class TableFile:
             raise FormatError(f"{self.blob.name}: not a LevelDB table (bad footer magic)")
         _, _, pos = handle(footer, 0)  # metaindex: empty in bundles
         index_offset, index_size, _ = handle(footer, pos)
-        for _sep, value in block_entries(self.block(index_offset, index_size)):
+        budget = [KEY_BYTES_PER_BYTE * self.size + (1 << 20)]
+        seen: set[int] = set()
+        for _sep, value in block_entries(self.block(index_offset, index_size), budget):
             offset, size, _ = handle(value, 0)
-            yield from block_entries(self.block(offset, size))
+            if offset in seen:
+                raise FormatError(f"{self.blob.name}: the index names the block at {offset} twice")
+            seen.add(offset)
+            yield from block_entries(self.block(offset, size), budget)
 
 
 def snappy(data: bytes) -> bytes:

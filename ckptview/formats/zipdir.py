@@ -177,6 +177,7 @@ def read_directory(blob: Blob, seen: Seen | None = None) -> Directory:
         cd = read(blob, cd_start, cd_size, seen)
     out = Directory()
     out.cd_start = cd_start
+    spans: list[tuple[int, int, str]] = []
     pos = 0
     for _ in range(n_total):
         if pos + 46 > len(cd) or cd[pos : pos + 4] != _CENTRAL:
@@ -194,8 +195,23 @@ def read_directory(blob: Blob, seen: Seen | None = None) -> Directory:
         out[name] = ZipEntry(
             name, offset + concat, csize, usize, method, crc, flags, nlen, xlen, concat
         )
+        spans.append((offset + concat, offset + concat + 30 + nlen + csize, name))
         pos += 46 + nlen + xlen + clen
+    _refuse_overlaps(blob, spans, cd_start)
     return out
+
+
+def _refuse_overlaps(blob: Blob, spans: list[tuple[int, int, str]], cd_start: int) -> None:
+    """Members must not share bytes, nor run into the directory: CPython's zipfile refuses
+    "overlapped entries" (the trick of zip bombs whose entries reuse one local header)."""
+    spans.sort()
+    for (_a, end, name), (b, _end, other) in zip(spans, spans[1:]):
+        if b < end:
+            raise ValueError(
+                f"{blob.name}: zip members {name!r} and {other!r} overlap (bytes {b}..{end})"
+            )
+    if spans and spans[-1][1] > cd_start:
+        raise ValueError(f"{blob.name}: zip member {spans[-1][2]!r} runs into the directory")
 
 
 def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:

@@ -43,10 +43,12 @@ NOT_RESUMED = frozenset({"training_args.bin"})
 SIMPLE = (str, int, float, bool, type(None))
 
 
-def checkpoint_refs(tree: Tree, rel_dir: str) -> tuple[list[FileRef], list[str]]:
+def checkpoint_refs(
+    tree: Tree, rel_dir: str, problems: list[str] | None = None
+) -> tuple[list[FileRef], list[str]]:
     """Every variable-holding file of one Trainer checkpoint dir, and the other files."""
     prefix = rel_dir.rstrip("/") + "/" if rel_dir else ""
-    refs, used = weight_refs(tree, rel_dir)
+    refs, used = weight_refs(tree, rel_dir, problems=problems)
     taken = {tree.rel(r.path) for r in refs} | set(used)
     for rel in tree.files(under=rel_dir, depth=1):
         name = posixpath.basename(rel)
@@ -121,12 +123,16 @@ class HFTrainerLayout(Layout):
         return scan
 
     def _serial(self, tree: Tree, n: int, rel: str, staged: bool = False):
-        refs, others = checkpoint_refs(tree, rel)
-        state = read_json(tree, f"{rel}/trainer_state.json" if rel else "trainer_state.json")
+        problems: list[str] = []
+        refs, others = checkpoint_refs(tree, rel, problems)
+        state_rel = f"{rel}/trainer_state.json" if rel else "trainer_state.json"
+        state = read_json(tree, state_rel, problems)
         info = SerialInfo(n, tree.abs(rel), files=refs, other_files=[tree.abs(o) for o in others])
+        if problems:
+            info.error = "; ".join(problems)
         if not isinstance(state, dict):
             info.complete = False
-            info.error = "no readable trainer_state.json (save interrupted?)"
+            info.error = info.error or "no readable trainer_state.json (save interrupted?)"
             state = None
         else:
             step = state.get("global_step")
@@ -265,12 +271,14 @@ class SafetensorsShardedLayout(Layout):
 
     def scan(self, tree: Tree) -> TreeScan:
         meta: dict = {}
-        refs, _used = weight_refs(tree, "", meta)
+        problems: list[str] = []
+        refs, _used = weight_refs(tree, "", meta, problems)
         for ref in refs:
             ref.prefix = ""  # a bare model: the logical names themselves
         paths = {tree.rel(r.path) for r in refs}
         others = [tree.abs(f) for f in tree.files(depth=1) if f not in paths]
         info = SerialInfo(0, tree.abs(""), files=refs, other_files=others)
+        info.error = "; ".join(problems) or None
         return TreeScan([info], attrs={"metadata": meta} if meta else {})
 
     def promote_ops(self, tree: Tree, scan: TreeScan, info: SerialInfo) -> list:

@@ -119,7 +119,8 @@ class NumberedLayout(Layout):
             if p.serial in seen:
                 continue
             seen[p.serial] = rel
-            refs, used = weight_refs(tree, rel)
+            problems: list[str] = []
+            refs, used = weight_refs(tree, rel, problems=problems)
             taken = {tree.rel(r.path) for r in refs} | set(used)
             data = [f for f in tree.files(under=rel, depth=2) if f.lower().endswith(suffixes)]
             for f in data:
@@ -132,7 +133,8 @@ class NumberedLayout(Layout):
             paths = {tree.rel(r.path) for r in refs}
             others = [tree.abs(f) for f in tree.files(under=rel) if f not in paths]
             serials.append(SerialInfo(p.serial, tree.abs(rel), files=refs, other_files=others,
-                                      step=p.step, epoch=p.epoch))  # fmt: skip
+                                      step=p.step, epoch=p.epoch,
+                                      error="; ".join(problems) or None))  # fmt: skip
         return TreeScan(serials)
 
 

@@ -9,12 +9,12 @@ has no commit time and no ``commit_success.txt`` is treated as unfinished too.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 
 import pandas as pd
 
+from ..formats.small import loads_json
 from ..model import FileRef, OrbaxHints, SerialInfo, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier
@@ -77,7 +77,7 @@ class OrbaxLayout(Layout):
         attrs = {}
         if tree.exists("metadata/_ROOT_METADATA"):
             try:
-                attrs["root_metadata"] = json.loads(tree.read_text("metadata/_ROOT_METADATA"))
+                attrs["root_metadata"] = loads_json(tree.read_text("metadata/_ROOT_METADATA"))
             except ValueError:
                 pass
         return TreeScan(
@@ -92,7 +92,7 @@ class OrbaxLayout(Layout):
         meta = {}
         if tree.exists(prefix + STEP_METADATA):
             try:
-                meta = json.loads(tree.read_text(prefix + STEP_METADATA))
+                meta = loads_json(tree.read_text(prefix + STEP_METADATA))
                 if not isinstance(meta, dict):
                     raise ValueError("not a JSON object")
             except ValueError as e:
@@ -137,7 +137,7 @@ class OrbaxLayout(Layout):
         data = [f for f in files if not f.endswith("/" + COMMIT_FILE)]
         if item == METRICS_ITEM and len(data) == 1:
             try:
-                info.metrics.update(_numbers(json.loads(tree.read_text(data[0]))))
+                info.metrics.update(_numbers(loads_json(tree.read_text(data[0]))))
             except ValueError as e:
                 info.error = f"{item}: {e}"
             info.other_files += [tree.abs(f) for f in files]

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import posixpath
 import re
 import time
 from datetime import datetime, timezone
 
+from ..formats.small import loads_json
 from ..kinds import paddle_kind
 from ..model import FileRef, PaddleHints, SerialInfo, TreeScan
 from ..tree import Tree
@@ -254,7 +254,7 @@ class PaddleIncubateLayout(Layout):
 def _status(tree: Tree, rel: str) -> dict:
     """``epoch_no`` and identifying fields of an ExeTrainStatus / TrainEpochRange JSON."""
     try:
-        doc = json.loads(tree.read_text(rel))
+        doc = loads_json(tree.read_text(rel))
     except (ValueError, OSError):
         return {}
     if not isinstance(doc, dict):

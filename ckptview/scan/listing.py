@@ -3,6 +3,7 @@ through the header cache, the misses fanned out on an executor."""
 
 from __future__ import annotations
 
+import gc
 import os
 import posixpath
 import threading
@@ -42,8 +43,40 @@ class FileResult:
     error: str | None = None
 
 
+class _PausedGC:
+    """The cyclic garbage collector paused while any thread lists a file: a header of a
+    million records allocates millions of acyclic objects, and the collections that would
+    trigger (each walking every live object) cost more than the listing itself."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.was_enabled = False
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.depth == 0:
+                self.was_enabled = gc.isenabled()
+                gc.disable()
+            self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0 and self.was_enabled:
+                gc.enable()
+
+
+paused_gc = _PausedGC()
+
+
 def list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
     """Detect the codec of one file and list its variables; never raises."""
+    with paused_gc:
+        return _list_file(storage, serial, ref)
+
+
+def _list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
     blob = storage.blob(ref.path, ref.size)
     codec: Codec | None = None
     try:
@@ -125,7 +158,8 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
                 tick()
                 continue
         todo.append(i)
-    if len(todo) == 1 or (todo and executor is None):
+    isolated = getattr(executor, "isolates", False)
+    if (len(todo) == 1 and not isolated) or (todo and executor is None):
         for i in todo:
             out[i] = list_file(storage, *jobs[i])
             tick()
@@ -133,7 +167,10 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
         origin = _origin()
         futures = [(i, executor.submit(list_job, storage, *jobs[i], origin)) for i in todo]
         for i, fut in futures:
-            res, delta = fut.result()
+            try:
+                res, delta = fut.result()
+            except Exception as e:  # noqa: BLE001 - a worker died: this file alone, again
+                res, delta = _alone(executor, storage, jobs[i], origin, e)
             res.ref = jobs[i][1]
             if delta is not None:
                 with storage.counters.lock:
@@ -148,6 +185,21 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
                 cache.put(keys[i], (res.codec, res.variables, res.error))
     return out
 
+
+def _alone(executor: Executor, storage: Storage, job: tuple[int, FileRef], origin: tuple[str, int],
+           error: Exception) -> tuple[FileResult, tuple[int, int] | None]:  # fmt: skip
+    """A job whose worker died (with others, perhaps): run alone in a fresh worker; if that
+    dies too, the file is an error row naming how."""
+    rerun = getattr(executor, "rerun", None)
+    if rerun is not None:
+        try:
+            return rerun(list_job, storage, *job, origin)
+        except Exception as e:  # noqa: BLE001
+            error = e
+    return FileResult(job[0], job[1], None, [], f"{WORKER_DIED}: {_message(error)}"), None
+
+
+WORKER_DIED = "listing this file killed its worker process"
 
 #: errors of reaching the storage, not of the file: never cached (a retry may succeed)
 TRANSIENT = ("OSError", "IOError", "PermissionError", "FileNotFoundError", "ConnectionError",

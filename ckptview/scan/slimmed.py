@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from ..formats.small import loads_json
 from ..model import META_DIR
 from ..tree import Tree
 
@@ -21,7 +22,7 @@ def read_slimmed(tree: Tree) -> dict[int, dict]:
         return {}
     try:
         raw = tree.storage.fs.cat_file(tree.abs(SLIMMED_FILE))
-        doc = json.loads(raw[: 16 << 20])
+        doc = loads_json(raw[: 16 << 20])
         return {int(k): dict(v) for k, v in doc.get("serials", {}).items()}
     except (OSError, ValueError, TypeError, AttributeError):
         return {}

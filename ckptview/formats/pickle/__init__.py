@@ -48,7 +48,7 @@ from typing import Any
 
 from ...io import Blob
 from .allowlist import ALLOWED, RECORD_NAMES, RECORD_PREFIXES, InertClasses, resolve_global
-from .machine import MAX_LINE
+from .machine import MAX_DEPTH, MAX_LINE, BudgetError, budget_for
 from .source import CHUNK
 from .standins import ArrayRef, DtypeRef, LazyBytes, Record, RestrictedUnpicklingError
 from .torch_globals import (
@@ -101,13 +101,15 @@ def flatten(
     """``(path, leaf)`` pairs of nested dicts/lists/tuples/Records, keys joined with ``sep``.
 
     A Record with fields is walked through them; one without (an enum) is a leaf, as is any
-    node for which ``keep(node)`` is true. Cycles and more than a million leaves raise
-    ValueError.
+    node for which ``keep(node)`` is true. Cycles, nesting past ``MAX_DEPTH`` and more than a
+    million leaves raise ValueError.
     """
     out: list[tuple[str, Any]] = []
     active: set[int] = set()
 
-    def walk(node: Any, path: str) -> None:
+    def walk(node: Any, path: str, depth: int = 0) -> None:
+        if depth > MAX_DEPTH:
+            raise ValueError(f"pickle structure nests more than {MAX_DEPTH} deep at {path[:80]!r}")
         if keep is not None and keep(node):
             out.append((path, node))
             return
@@ -132,7 +134,7 @@ def flatten(
         empty = True
         for k, v in items:
             empty = False
-            walk(v, f"{path}{sep}{k}" if path else k)
+            walk(v, f"{path}{sep}{k}" if path else k, depth + 1)
         active.discard(id(node))
         if empty and path:
             out.append((path, node))
@@ -150,7 +152,7 @@ def _key(k: Any) -> str:
 
 
 __all__ = [
-    "ALLOWED", "CHUNK", "DISPATCH", "InertClasses", "LAZY_MIN", "MAX_LEAVES", "MAX_LINE", "MAX_OBJECTS",
+    "ALLOWED", "BudgetError", "CHUNK", "MAX_DEPTH", "budget_for", "DISPATCH", "InertClasses", "LAZY_MIN", "MAX_LEAVES", "MAX_LINE", "MAX_OBJECTS",
     "RECORD_NAMES", "RECORD_PREFIXES", "STORAGE_DTYPES", "TORCH_DTYPES", "ArrayRef", "DTensorRef",
     "DtypeRef",
     "LazyBytes", "Record", "RestrictedUnpicklingError", "StorageRef", "StorageType", "TensorRef",

@@ -22,6 +22,28 @@ MAX_LINE = 1 << 26  # protocol-0 text lines (a py2 STRING may hold an array)
 NO_LAZY = 1 << 62  # lazy_min of a VM keeping every payload in memory
 UnpicklingError = pickle.UnpicklingError
 
+#: containers nested deeper than this are refused as they are built: hashing a tuple nested
+#: 200,000 deep (a dict key, a frozenset member) recurses in C past the thread's stack
+MAX_DEPTH = 1000
+#: bytes the objects a pickle builds may take: ``BUDGET_BASE + BUDGET_PER_BYTE`` per byte of
+#: pickle, at most ``BUDGET_MAX`` (containers, strings and byte strings charged by their size,
+#: memo and stack entries by theirs)
+BUDGET_BASE = 64 << 20
+BUDGET_PER_BYTE = 8
+BUDGET_MAX = 1 << 30
+MEMO_COST = 48  # bytes per memo entry (a dict slot and its int key)
+_CONTAINERS = frozenset({tuple, list, dict, set, frozenset})
+_SCALARS = frozenset({str, int, float, bytes, bool, type(None)})
+
+
+class BudgetError(UnpicklingError):
+    """A pickle that builds more (or deeper) than its budget allows."""
+
+
+def budget_for(nbytes: int) -> int:
+    """The byte budget of a pickle ``nbytes`` long."""
+    return min(BUDGET_MAX, BUDGET_BASE + BUDGET_PER_BYTE * max(nbytes, 0))
+
 
 class Mark:
     """The MARK opcode's stack entry."""
@@ -49,7 +71,7 @@ class Machine:
     """Stack, memo and the settings an opcode handler reads."""
 
     __slots__ = ("src", "persistent_load", "allow", "encoding", "lazy_min", "max_objects",
-                 "stack", "memo", "base", "result", "_globals")  # fmt: skip
+                 "stack", "memo", "base", "result", "_globals", "depths", "spent", "budget", "span")  # fmt: skip
 
     def __init__(
         self,
@@ -71,6 +93,54 @@ class Machine:
         self.base = 0  # file offset of the held bytes' first byte
         self.result: Any = None
         self._globals: dict[tuple[str, str], Any] = {}  # resolved GLOBALs, by name
+        self.depths: dict[int, tuple[Any, int]] = {}  # id -> (object, depth) from depth 2 on
+        self.spent = 0
+        self.span = src.end - src.pos
+        self.budget = budget_for(self.span)
+
+    # -- budgets
+    def charge(self, nbytes: int) -> None:
+        """Count ``nbytes`` built against the budget; :class:`BudgetError` past it."""
+        self.spent += nbytes
+        if self.spent > self.budget:
+            raise BudgetError(
+                f"pickle builds more than {self.budget >> 20} MiB of objects (the budget of "
+                f"a {self.span}-byte pickle)"
+            )
+
+    def depth(self, obj: Any) -> int:
+        """How deep ``obj`` nests (0: not a container, 1: a flat one)."""
+        e = self.depths.get(id(obj))
+        if e is not None and e[0] is obj:
+            return e[1]
+        return 1 if type(obj) in _CONTAINERS else 0
+
+    def over(self, items: Iterable, at_least: int = 1) -> int:
+        """The depth of a container over ``items`` (at least ``at_least``), checked against
+        :data:`MAX_DEPTH` before anything hashes or compares it."""
+        depths, best = self.depths, at_least - 1
+        for x in items:
+            t = type(x)
+            if t in _SCALARS:
+                continue
+            e = depths.get(id(x))
+            d = e[1] if e is not None and e[0] is x else (1 if t in _CONTAINERS else 0)
+            if d > best:
+                best = d
+        if best >= MAX_DEPTH:
+            raise BudgetError(f"pickle nests containers more than {MAX_DEPTH} deep")
+        return best + 1
+
+    def register(self, obj: Any, depth: int) -> Any:
+        if depth >= 2:
+            self.depths[id(obj)] = (obj, depth)
+        return obj
+
+    def nested(self, obj: Any, items: Iterable, nbytes: int, at_least: int = 1) -> Any:
+        """Charge ``nbytes`` for ``obj`` built over (or grown by) ``items`` and record its
+        depth."""
+        self.charge(nbytes)
+        return self.register(obj, self.over(items, at_least))
 
     # -- the stack
     def pop(self) -> Any:
@@ -157,6 +227,7 @@ class Machine:
         stop = start + n
         if stop > limit:
             raise Short(stop - pos)
+        self.charge(n)
         data = buf[start:stop]
         return (data.decode("utf-8", "surrogatepass") if text else data), stop
 

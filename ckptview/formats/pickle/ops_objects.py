@@ -44,7 +44,7 @@ def _tuple(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     k = vm.mark()
     items = tuple(stack[k + 1 :])
     del stack[k:]
-    stack.append(items)
+    stack.append(vm.nested(items, items, 56 + 8 * len(items)))
     return pos + 1
 
 
@@ -54,7 +54,8 @@ def _tuple1(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     a = stack[-1]  # IndexError on an empty stack: the loop words it
     if a is MARK:
         raise UnpicklingError("unpickling stack underflow")
-    stack[-1] = (a,)
+    t = (a,)
+    stack[-1] = vm.nested(t, t, 64)
     return pos + 1
 
 
@@ -65,7 +66,8 @@ def _tuple2(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     if a is MARK or b is MARK:
         raise UnpicklingError("unpickling stack underflow")
     del stack[-1]
-    stack[-1] = (a, b)
+    t = (a, b)
+    stack[-1] = vm.nested(t, t, 72)
     return pos + 1
 
 
@@ -76,38 +78,46 @@ def _tuple3(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     if a is MARK or b is MARK or c is MARK:
         raise UnpicklingError("unpickling stack underflow")
     del stack[-2:]
-    stack[-1] = (a, b, c)
+    t = (a, b, c)
+    stack[-1] = vm.nested(t, t, 80)
     return pos + 1
 
 
 # -- lists, dicts, sets --------------------------------------------------------------------
 @op(b"]")
 def _empty_list(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
+    vm.charge(56)
     vm.stack.append([])
     return pos + 1
 
 
 @op(b"}")
 def _empty_dict(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
+    vm.charge(64)
     vm.stack.append({})
     return pos + 1
 
 
 @op(b"\x8f")
 def _empty_set(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
+    vm.charge(216)
     vm.stack.append(set())
     return pos + 1
 
 
 @op(b"l")
 def _list(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
-    vm.stack.append(vm.pop_mark())
+    items = vm.pop_mark()
+    vm.stack.append(vm.nested(items, items, 56 + 8 * len(items)))
     return pos + 1
 
 
 @op(b"\x91")
 def _frozenset(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
-    vm.stack.append(frozenset(vm.pop_mark()))
+    items = vm.pop_mark()
+    depth = vm.over(items)  # before the members hash
+    vm.charge(216 + 40 * len(items))
+    vm.stack.append(vm.register(frozenset(items), depth))
     return pos + 1
 
 
@@ -116,7 +126,9 @@ def _dict(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     items = vm.pop_mark()
     if len(items) % 2:
         raise UnpicklingError("odd number of items for DICT")
-    vm.stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+    depth = vm.over(items)  # before the keys hash
+    vm.charge(64 + 20 * len(items))
+    vm.stack.append(vm.register({items[i]: items[i + 1] for i in range(0, len(items), 2)}, depth))
     return pos + 1
 
 
@@ -125,14 +137,18 @@ def _append(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     value = vm.stack.pop()  # IndexError on an empty stack: the loop words it
     if value is MARK:
         raise UnpicklingError("unexpected MARK")
-    vm.container(list).append(value)
+    lst = vm.container(list)
+    vm.nested(lst, (value,), 8, vm.depth(lst))
+    lst.append(value)
     return pos + 1
 
 
 @op(b"e")
 def _appends(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     items = vm.pop_mark()
-    vm.container(list).extend(items)
+    lst = vm.container(list)
+    vm.nested(lst, items, 8 * len(items), vm.depth(lst))
+    lst.extend(items)
     return pos + 1
 
 
@@ -143,7 +159,9 @@ def _setitem(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     key = stack.pop()
     if key is MARK or value is MARK:
         raise UnpicklingError("unexpected MARK")
-    vm.container(dict)[key] = value
+    d = vm.container(dict)
+    vm.nested(d, (key, value), 40, vm.depth(d))
+    d[key] = value
     return pos + 1
 
 
@@ -153,6 +171,7 @@ def _setitems(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     if len(items) % 2:
         raise UnpicklingError("odd number of items for SETITEMS")
     d = vm.container(dict)
+    vm.nested(d, items, 20 * len(items), vm.depth(d))
     for i in range(0, len(items), 2):
         d[items[i]] = items[i + 1]
     return pos + 1
@@ -161,7 +180,9 @@ def _setitems(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
 @op(b"\x90")
 def _additems(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     items = vm.pop_mark()
-    vm.container(set).update(items)
+    s = vm.container(set)
+    vm.nested(s, items, 40 * len(items), vm.depth(s))
+    s.update(items)
     return pos + 1
 
 
@@ -220,6 +241,24 @@ def _instance(cls: Any, args: tuple) -> Any:
     return Record(cls.qualname, args) if isinstance(cls, RecordClass) else _apply(cls, args)
 
 
+def _size(obj: Any) -> int:
+    """Roughly the bytes ``obj`` takes (a constructor's result, charged to the budget)."""
+    t = type(obj)
+    if t is list or t is tuple:
+        return 56 + 8 * len(obj)
+    if t is dict or t is set or t is frozenset:
+        return 64 + 40 * len(obj)
+    if t is str or t is bytes or t is bytearray:
+        return 49 + len(obj)
+    return 64
+
+
+def _made(vm: Machine, obj: Any, *parts: Any) -> Any:
+    """A constructor's result: charged by its size, its depth recorded over its inputs."""
+    vm.charge(_size(obj))
+    return vm.register(obj, vm.over(parts))
+
+
 @op(b"R")
 def _reduce(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     stack = vm.stack
@@ -227,7 +266,7 @@ def _reduce(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     func = stack.pop()
     if args is MARK or func is MARK:
         raise UnpicklingError("unexpected MARK")
-    stack.append(_apply(func, args))
+    stack.append(_made(vm, _apply(func, args), args))
     return pos + 1
 
 
@@ -235,7 +274,7 @@ def _reduce(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
 def _newobj(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     args = vm.pop()
     cls = vm.pop()
-    vm.stack.append(_new(cls, args, {}))
+    vm.stack.append(_made(vm, _new(cls, args, {}), args))
     return pos + 1
 
 
@@ -244,7 +283,7 @@ def _newobj_ex(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     kwargs = vm.pop()
     args = vm.pop()
     cls = vm.pop()
-    vm.stack.append(_new(cls, args, kwargs))
+    vm.stack.append(_made(vm, _new(cls, args, kwargs), args, kwargs))
     return pos + 1
 
 
@@ -254,7 +293,7 @@ def _inst(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     b = vm.line(buf, pos, a + 1, limit)
     module, name = buf[pos + 1 : a].decode("utf-8"), buf[a + 1 : b].decode("utf-8")
     args = tuple(vm.pop_mark())
-    vm.stack.append(_instance(vm.find_class(module, name), args))
+    vm.stack.append(_made(vm, _instance(vm.find_class(module, name), args), args))
     return b + 1
 
 
@@ -263,7 +302,8 @@ def _obj(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     items = vm.pop_mark()
     if not items:
         raise UnpicklingError("OBJ without a class")
-    vm.stack.append(_instance(items[0], tuple(items[1:])))
+    args = tuple(items[1:])
+    vm.stack.append(_made(vm, _instance(items[0], args), args))
     return pos + 1
 
 
@@ -273,6 +313,7 @@ def _build(vm: Machine, buf: bytes, pos: int, limit: int) -> int:
     if state is MARK:
         raise UnpicklingError("unexpected MARK")
     obj = vm.top()
+    vm.nested(obj, (state,), 0, vm.depth(obj))
     if isinstance(obj, ArrayRef):
         _build_array(obj, state)
     elif isinstance(obj, DtypeRef):

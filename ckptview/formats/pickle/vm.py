@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ...io import Blob
-from .machine import Handler, Machine, Short, Stopped, UnpicklingError
+from .machine import MEMO_COST, Handler, Machine, Short, Stopped, UnpicklingError
 from .ops_data import DATA_OPS
 from .ops_objects import OBJECT_OPS
 from .source import Reader
@@ -98,6 +98,8 @@ class Unpickler(Machine):
                 raise UnpicklingError("unpickling stack underflow") from None
             except KeyError as e:
                 raise UnpicklingError(f"memo key {e.args[0]!r} missing") from None
+            except TypeError as e:  # an unhashable dict key or set member, as pickle says
+                raise UnpicklingError(f"bad pickle: {e}") from None
             src.pos = base + pos
             if not need:
                 result, self.result = self.result, None
@@ -106,3 +108,5 @@ class Unpickler(Machine):
                 raise UnpicklingError(
                     f"pickle builds more than {cap} objects (stack + memo) at {src.pos}"
                 )
+            if self.spent + MEMO_COST * len(memo) + 8 * len(stack) > self.budget:
+                self.charge(MEMO_COST * len(memo) + 8 * len(stack))  # raises BudgetError

@@ -1,0 +1,89 @@
+"""Listings in worker processes (``ckptview.scan.isolated``): a parser that dies by a signal
+or exhausts its memory limit costs one error row, never the process that asked.
+
+The crashing parsers are a real codec plugin, installed the way a third-party one would be
+(an entry point in a ``.dist-info`` on ``sys.path``), so the workers load it themselves.
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+
+import pytest
+from conftest import corpus_path
+
+import ckptview as cv
+from ckptview.scan.isolated import IsolatedExecutor
+from ckptview.scan.listing import WORKER_DIED
+
+PLUGIN = '''
+import os, signal
+from ckptview.codecs.base import Codec
+from ckptview.registry import CodecTier
+
+
+class Crashy(Codec):
+    """.crash: the parser dies by SIGSEGV; .hog: it asks for 16 GiB."""
+
+    name = "crashy"
+    suffixes = (".crash", ".hog")
+    priority = CodecTier.FORMAT
+
+    def guess_can_open(self, filename, head):
+        return filename.endswith(self.suffixes)
+
+    def list_variables(self, blob, hints):
+        if blob.path.endswith(".crash"):
+            os.kill(os.getpid(), signal.SIGSEGV)
+        bytearray(16 << 30)
+        return []
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "crashy-1.0.dist-info").mkdir(parents=True)
+    (site / "crashy_codec.py").write_text(PLUGIN)
+    (site / "crashy-1.0.dist-info" / "METADATA").write_text("Name: crashy\nVersion: 1.0\n")
+    (site / "crashy-1.0.dist-info" / "entry_points.txt").write_text(
+        textwrap.dedent("[ckptview.codecs]\ncrashy = crashy_codec:Crashy\n")
+    )
+    monkeypatch.syspath_prepend(str(site))  # spawn workers start with the parent's sys.path
+    return site
+
+
+@pytest.fixture
+def executor():
+    ex = IsolatedExecutor(max_workers=2, memory=2 << 30, context="spawn")
+    yield ex
+    ex.shutdown()
+
+
+def test_a_crashing_parser_is_one_error_row(tmp_path, plugin, executor):
+    root = tmp_path / "files"
+    root.mkdir()
+    shutil.copyfile(corpus_path("modern/safetensors/single/model.safetensors"),
+                    root / "model.safetensors")  # fmt: skip
+    (root / "boom.crash").write_bytes(b"x")
+    (root / "big.hog").write_bytes(b"x")
+    cat = cv.open(str(root), executor=executor, cache=False)
+    files = cat.files.set_index(cat.files["path"].str.rsplit("/", n=1).str[-1])
+    assert WORKER_DIED in files.loc["boom.crash", "error"]
+    assert "SIGSEGV" in files.loc["boom.crash", "error"]
+    assert "MemoryError" in files.loc["big.hog", "error"]  # the limit, not the host, said no
+    assert files.loc["model.safetensors", "error"] is None
+    good = cat.variables[cat.variables["error"].isna()]
+    assert len(good) == 11  # model.safetensors' tensors, listed by a healthy worker
+    # the pool was replaced: the next scan works
+    again = cv.open(str(corpus_path("modern/torch/run_A")), executor=executor, cache=False)
+    plain = cv.open(str(corpus_path("modern/torch/run_A")), cache=False)
+    assert len(again.variables) == len(plain.variables) and executor.restarts >= 1
+
+
+def test_single_file_runs_isolated_too(tmp_path, plugin, executor):
+    path = tmp_path / "only.crash"
+    path.write_bytes(b"x")
+    cat = cv.open(str(path), executor=executor, cache=False)
+    assert WORKER_DIED in cat.files["error"].iloc[0]
