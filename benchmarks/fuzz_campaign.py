@@ -36,7 +36,7 @@ PARSERS = {
     "tf-index": ("tf", "ckpt-1.index", ["corpus/**/*.index"]),
     "minidb": ("caffe2", "model.minidb", ["corpus/caffe2/**/*.minidb"]),
     "npz": ("npz", "arrays.npz", ["corpus/**/*.npz"]),
-    "gguf": ("gguf", "model.gguf", ["../main/tests/data/gguf/*.gguf"]),
+    "gguf": ("gguf", "model.gguf", ["tests/data/gguf/*.gguf"]),
 }
 
 TARGET = r"""
@@ -83,7 +83,8 @@ def seeds(parser: str, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     n = 0
     for pattern in PARSERS[parser][2]:
-        for path in sorted(SHARED.glob(pattern))[:40]:
+        base = ROOT if pattern.startswith("tests/") else SHARED  # the project's own test data
+        for path in sorted(base.glob(pattern))[:40]:
             if path.stat().st_size <= 1 << 20:
                 shutil.copyfile(path, out / f"real-{n}")
                 n += 1
