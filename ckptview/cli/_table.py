@@ -62,10 +62,15 @@ def width() -> int:
     return shutil.get_terminal_size((80, 24)).columns
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:  # rich would exit(1) itself; main() exits quietly
+        raise BrokenPipeError
+
+
 def console(stream=None) -> Console:
     """A rich console writing plain text (no colour codes unless a terminal) at :func:`width`."""
-    return Console(file=stream, width=width(), highlight=False, soft_wrap=False,
-                   emoji=False, markup=False)  # fmt: skip
+    return _Console(file=stream, width=width(), highlight=False, soft_wrap=False,
+                    emoji=False, markup=False)  # fmt: skip
 
 
 def layout(cols: list[Col], natural: list[int], total: int) -> list[int | None]:

@@ -30,6 +30,8 @@ class Summary:
     n_files: int = 0
     n_variables: int = 0  # of the latest (else the newest) serial
     framework_latest: str = ""
+    with_error: int = 0  # serials whose error column says something
+    with_warning: int = 0
     warnings: list[str] = field(default_factory=list)
     serials: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     failure: str = ""  # the tree could not be catalogued
@@ -47,6 +49,8 @@ def summarize(scan: Scan) -> Summary:
         return out
     out.n_serials = len(table)
     out.statuses = dict(Counter(serial_status(r) for _, r in table.iterrows()))
+    out.with_error = int(table["error"].notna().sum())
+    out.with_warning = int(table["warning"].notna().sum())
     if len(table):
         out.first, out.last = int(table.index.min()), int(table.index.max())
         out.nbytes, out.n_files = int(table["nbytes"].sum()), int(table["n_files"].sum())
@@ -89,6 +93,10 @@ def _lines(s: Summary) -> list[tuple[str, str]]:
     if s.n_serials:
         rows.append(("size", f"{human_bytes(s.nbytes)} in {s.n_files} files; "
                              f"{s.n_variables} variables per serial"))  # fmt: skip
+    problems = [f"{n} serial(s) with {what}" for n, what in
+                ((s.with_error, "errors"), (s.with_warning, "warnings")) if n]  # fmt: skip
+    if problems:
+        rows.append(("problems", "; ".join(problems) + " (see cat.serials)"))
     rows += [("warning", w) for w in s.warnings]
     return rows
 
