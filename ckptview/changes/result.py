@@ -89,10 +89,11 @@ class ChangeResult:
         for f in fields(self):
             value = getattr(self, f.name)
             out[f.name] = records(value) if isinstance(value, pd.DataFrame) else value
-        return json.loads(json.dumps(out, default=_plain))
+        return json.loads(json.dumps(out, default=json_default))
 
 
-def _plain(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """``json.dumps(default=)`` for numpy scalars, tuples and sets (else ``str``)."""
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
     if isinstance(value, (set, tuple)):

@@ -12,7 +12,7 @@ import pandas as pd
 
 import ckptview as cv
 from ckptview.changes.lock import TreeLockedError
-from ckptview.changes.result import records
+from ckptview.changes.result import json_default, records
 from ckptview.engine.retention import TreeChangedError
 
 from . import CLIError, _table
@@ -66,7 +66,7 @@ def emit_json(doc: Any) -> None:
         doc = records(doc)
     elif hasattr(doc, "to_dict") and not isinstance(doc, dict):
         doc = doc.to_dict()
-    json.dump(doc, sys.stdout, indent=1, default=_plain, allow_nan=False)
+    json.dump(doc, sys.stdout, indent=1, default=json_default, allow_nan=False)
     sys.stdout.write("\n")
 
 
@@ -85,14 +85,6 @@ def show_change(result, as_json: bool) -> None:
                 _table.Col("nbytes", "size", _table.size, right=True),
                 _table.Col("note", fit=_table.CUT, optional=True)]  # fmt: skip
         _table.render(result.ops, cols)
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (set, tuple)):
-        return list(value)
-    return str(value)
 
 
 def progress(total: int | None, desc: str, unit: str = "B", args=None):
