@@ -5,6 +5,7 @@
 #   ./dev.sh test [PYTEST ARGS] set up .venv (+ Debian chromium), run ruff check, the import
 #                               contracts, mypy and pytest
 #   ./dev.sh setup [EXTRAS]     only create/refresh .venv with ckptview[EXTRAS] (default: test)
+#   ./dev.sh help               this text
 #
 # .venv is reinstalled only when pyproject.toml or .ci/constraints.txt change (the constraints
 # pin known-good versions so pip resolves in seconds). $PYTHON picks the interpreter.
@@ -70,9 +71,14 @@ cmd_dashboard() {
   exec "$VENV/bin/ckptview" serve "$demo" --port "$port"
 }
 
+usage() {  # the comment block at the top of this file, whole, however long it grows
+  awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"
+}
+
 case "${1:-}" in
   test) shift; cmd_test "$@" ;;
   dashboard) shift; cmd_dashboard "$@" ;;
   setup) setup "${2:-test}" ;;
-  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  help|-h|--help) usage ;;
+  *) usage >&2; exit 2 ;;
 esac

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
+from datetime import datetime
 
 import numpy as np
 import pandas as pd
@@ -13,14 +15,19 @@ from .engine import export as _export
 from .engine import restore as _restore
 from .engine import retention as _retention
 from .engine import stats as _stats
+from .engine import summary as _summary
 from .engine import usage as _usage
 from .engine import verify as _verify
+from .engine.policies import AnyOf
 from .io import Storage
 from .layouts.base import Layout
 from .model import TreeScan, VarInfo
 from .scan.cache import HeaderCache
 from .scan.core import Scan
 from .tree import Tree
+
+#: attributes kept out of tab completion (they still work)
+_INTERNALS = frozenset({"tree", "storage", "scan", "cache"})
 
 
 class Catalog:
@@ -62,7 +69,16 @@ class Catalog:
         return self._scan.url
 
     def __repr__(self) -> str:
-        return f"<ckptview.Catalog {self.layout} {self.url}>"
+        """Layout, root, serials by status, latest, sizes and warnings (scans the tree)."""
+        return _summary.as_text(_summary.summarize(self._scan))
+
+    def _repr_html_(self) -> str:
+        return _summary.as_html(_summary.summarize(self._scan))
+
+    def __dir__(self) -> list[str]:
+        """Tab completion without the internals (``tree``, ``storage``, ``scan``, ``cache``
+        still work: the dashboard and plugins use them)."""
+        return sorted(set(super().__dir__()) - _INTERNALS)
 
     @property
     def scan(self) -> TreeScan:
@@ -110,23 +126,27 @@ class Catalog:
     # -- values ---------------------------------------------------------------------
     def variable(self, name: str, serial: int | None = None, node: str = "") -> VarInfo:
         """The header record of one variable."""
-        return self._scan.resolve(name, serial, node)[0]
+        return self._scan.resolve(name, self._serial(serial), node)[0]
+
+    def _serial(self, serial: int | None) -> int:
+        """``serial`` checked to exist (KeyError naming the serials if not); None: the latest."""
+        return _stats.resolve_serial(self._scan, serial)
 
     def read(self, name: str, serial: int | None = None, node: str = "",
              dequantize: bool = True) -> np.ndarray:  # fmt: skip
         """One variable's values (default serial: the latest): a logical tensor assembled
         from its pieces, a quantized group dequantized (``dequantize=False``: its stored
         weight or blocks)."""
-        return self._scan.read(name, serial, node, dequantize)
+        return self._scan.read(name, self._serial(serial), node, dequantize)
 
     def iter_chunks(self, name: str, serial: int | None = None, node: str = "",
                     max_bytes: int = 64 << 20):  # fmt: skip
         """A variable's values as flat pieces of about ``max_bytes`` (bounded memory)."""
-        return self._scan.iter_chunks(name, serial, node, max_bytes)
+        return self._scan.iter_chunks(name, self._serial(serial), node, max_bytes)
 
     def load(self, serial: int | None = None) -> dict[str, np.ndarray]:
         """Every variable of a serial keyed by name (``node/name`` where a name repeats)."""
-        return self._scan.load(serial)
+        return self._scan.load(self._serial(serial))
 
     # -- compare, follow, restore, retain (thin delegations to ckptview.engine) ----------
     def refresh(self) -> Catalog:
@@ -134,15 +154,27 @@ class Catalog:
         self._scan.refresh()
         return self
 
-    def stats(self, serial: int | None = None, names=None, **kwargs) -> pd.DataFrame:
-        """Per-variable min, max, mean, std, l2, n_nan, n_inf, frac_zero (streamed)."""
-        return _stats.stats(self._scan, serial, names, **kwargs)
+    def stats(self, serial: int | None = None, names: str | Iterable[str] | None = None, *,
+              chunk_bytes: int = _stats.CHUNK_BYTES) -> pd.DataFrame:  # fmt: skip
+        """Per-variable min, max, mean, std, l2, n_nan, n_inf, frac_zero of ``serial``
+        (default: the latest), for every variable or only ``names``; values are streamed
+        ``chunk_bytes`` at a time."""
+        return _stats.stats(self._scan, serial, names, chunk_bytes)
 
-    def diff(self, a: int | None, b: int | None, other: Catalog | None = None, names=None,
-             **kwargs) -> pd.DataFrame:  # fmt: skip
-        """Variable-by-variable numeric diff of serial ``a`` and ``b`` (of ``other``)."""
+    def diff(self, a: int | None, b: int | None, other: Catalog | None = None,
+             names: str | Iterable[str] | None = None, *, match: str = "auto",
+             rename: Callable[[str], str] | dict[str, str] | None = None,
+             chunk_bytes: int = _stats.CHUNK_BYTES,
+             progress: Callable[[int], None] | None = None) -> pd.DataFrame:  # fmt: skip
+        """Variable-by-variable numeric diff of serial ``a`` and serial ``b`` (of ``other``, a
+        second run, when given), biggest change first (:func:`ckptview.engine.diff.by_change`).
+
+        ``names``: only these variables. ``match``: ``"exact"`` pairs by (node, name) only,
+        ``"auto"`` also pairs a name unique on both sides across nodes. ``rename``: maps
+        ``b``'s names onto ``a``'s (a dict or a function) before pairing. ``progress(n)``
+        is called with the bytes compared as values stream by."""
         theirs = None if other is None else other._scan
-        return _diff.diff(self._scan, a, b, theirs, names, **kwargs)
+        return _diff.diff(self._scan, a, b, theirs, names, match, rename, chunk_bytes, progress)
 
     def trajectory(self, name: str, stat: str = "l2", node: str = "") -> pd.Series:
         """One statistic of one variable across serials."""
@@ -154,39 +186,76 @@ class Catalog:
         serials = [serial] if isinstance(serial, (int, np.integer)) else serial
         return _verify.verify(self._scan, serials, deep)
 
-    def restore(self, serial: int, to=None, dry_run: bool = False, **kwargs):
-        """Copy ``serial`` to ``to``, or promote it in place; never deletes."""
-        return _restore.restore(self._scan, serial, to, dry_run, **kwargs)
+    def restore(self, serial: int, to: str | os.PathLike | None = None, dry_run: bool = False, *,
+                storage_options: dict | None = None, force: bool = False,
+                progress: Callable[[int], None] | None = None) -> _restore.RestoreResult:  # fmt: skip
+        """Copy ``serial`` to the tree at ``to`` (``storage_options`` for its filesystem), or
+        promote it in place so the framework resumes from it; never deletes. ``dry_run``:
+        the plan only. ``force``: allow a serial that is incomplete or does not load.
+        ``progress(n)``: bytes copied. Returns a :class:`~ckptview.engine.restore.RestoreResult`."""
+        return _restore.restore(self._scan, serial, to, dry_run, storage_options, force, progress)
 
-    def export(self, serial: int | None = None, to=None, names: list[str] | None = None,
-               max_shard_bytes: int = _export.DEFAULT_MAX_SHARD, dequantize: bool = False,
-               dry_run: bool = False, **kwargs) -> _export.ExportResult:  # fmt: skip
+    def export(self, serial: int | None = None, to: str | os.PathLike | None = None,
+               names: list[str] | None = None, max_shard_bytes: int = _export.DEFAULT_MAX_SHARD,
+               dequantize: bool = False, dry_run: bool = False, *, force: bool = False,
+               storage_options: dict | None = None,
+               progress: Callable[[int], None] | None = None) -> _export.ExportResult:  # fmt: skip
         """Write a serial's logical tensors as safetensors in the new directory ``to``
         (shards and ``model.safetensors.index.json`` above ``max_shard_bytes``), one tensor
-        at a time, journaled, committed by a rename last (DESIGN.md §3b)."""
+        at a time, journaled, committed by a rename last (DESIGN.md §3b). ``force``: export
+        what reads of a serial that does not load. ``progress(n)``: bytes written.
+        Returns an :class:`~ckptview.engine.export.ExportResult`."""
         if to is None:
             raise ValueError("export needs a target: to=URL")
         return _export.export(self._scan, serial, to, names, max_shard_bytes, dequantize,
-                              dry_run, **kwargs)  # fmt: skip
+                              dry_run, force, storage_options, progress)  # fmt: skip
 
     def usage(self) -> pd.DataFrame:
         """Bytes per serial and kind (model, optimizer, trainer, rng, …, ``other``): why a
         checkpoint is as big as it is."""
         return _usage.usage(self._scan)
 
-    def plan_retention(self, keep_last=None, keep_every=None, keep_best=None, pinned=(),
-                       older_than=None, **kwargs) -> pd.DataFrame:  # fmt: skip
-        """Which serials a retention policy keeps and deletes (nothing is changed)."""
+    def plan_retention(self, keep_last: int | None = None, keep_every: int | None = None,
+                       keep_best: str | None = None, pinned: Iterable[int] = (),
+                       older_than: str | None = None, *, policy: AnyOf | None = None,
+                       every_by: str = "serial", slim_older_than: str | None = None,
+                       now: datetime | None = None) -> pd.DataFrame:  # fmt: skip
+        """Which serials a retention policy keeps, slims and deletes; nothing is changed.
+
+        A serial is kept when any part keeps it: the ``keep_last`` newest complete ones,
+        those divisible by ``keep_every`` (``every_by="step"``: by step), the ``keep_best``
+        by a metric (``"loss:3:min"``), the ``pinned`` ones, those newer than ``older_than``
+        (``"7d"``, ``"12h"``); ``policy`` gives them as one object. No part at all: the
+        policy stored with the tree. ``slim_older_than``: kept serials older than that lose
+        their optimizer state. ``now``: the time ages count from (default: now).
+
+        Returns a DataFrame indexed by serial: ``action`` (keep | slim | delete), ``reason``,
+        ``nbytes``, ``frees``, …; its ``.attrs`` hold what :meth:`apply_retention` re-checks
+        (tree, fingerprint, policy)."""
         return _retention.plan_retention(self._scan, keep_last, keep_every, keep_best, pinned,
-                                         older_than, **kwargs)  # fmt: skip
+                                         older_than, policy, every_by, now, slim_older_than)  # fmt: skip
 
-    def apply_retention(self, plan: pd.DataFrame, **kwargs) -> pd.DataFrame:
-        """Delete what ``plan`` says, after re-checking the tree; returns what was deleted."""
-        return _retention.apply_retention(self._scan, plan, **kwargs)
+    def apply_retention(self, plan: pd.DataFrame, *,
+                        progress: Callable[[int], None] | None = None) -> _retention.RetentionResult:  # fmt: skip
+        """Delete (and slim) what ``plan`` says, after re-checking the tree against it; never
+        the newest loadable serial. ``progress(n)``: serials done. Returns a
+        :class:`~ckptview.engine.retention.RetentionResult`: ``.deleted`` is what was
+        deleted (indexed by serial)."""
+        return _retention.apply_retention(self._scan, plan, progress)
 
-    def set_retention(self, policy=None, **kwargs):
-        """Store a retention policy with the tree (``.ckptview/retention.json``)."""
-        return _retention.set_retention(self._scan, policy, **kwargs)
+    def set_retention(self, policy: AnyOf | dict | None = None, *, keep_last: int | None = None,
+                      keep_every: int | None = None, keep_best: str | None = None,
+                      pinned: Iterable[int] = (), older_than: str | None = None,
+                      every_by: str = "serial") -> AnyOf | None:  # fmt: skip
+        """Store a retention policy with the tree (``.ckptview/retention.json``): a
+        ``policy`` object or dict, or :meth:`plan_retention`'s keywords; no policy and no
+        keyword removes the stored one. Returns the policy stored."""
+        keywords = dict(keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
+                        pinned=tuple(pinned), older_than=older_than)  # fmt: skip
+        given = {k: v for k, v in keywords.items() if v not in (None, ())}
+        if given and every_by != "serial":
+            given["every_by"] = every_by
+        return _retention.set_retention(self._scan, policy, **given)
 
     def retention_policy(self):
         """The policy stored with the tree, or None."""

@@ -48,6 +48,24 @@ class Counters:
         self.__dict__.update(state, lock=threading.Lock())
 
 
+class MissingDependencyError(ImportError):
+    """An optional dependency is missing; the message names what to install (one line)."""
+
+
+#: protocols whose filesystem comes with an extra of ckptview (else: the fsspec package)
+_FS_EXTRAS = {"s3": "s3", "s3a": "s3"}
+_FS_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
+                "abfs": "adlfs", "hdfs": "pyarrow", "ssh": "paramiko", "sftp": "paramiko"}  # fmt: skip
+
+
+def _missing_filesystem(url: str, error: ImportError) -> str:
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    package = _FS_PACKAGES.get(protocol) or error.name or "its fsspec filesystem"
+    extra = _FS_EXTRAS.get(protocol)
+    install = f"pip install 'ckptview[{extra}]'" if extra else f"pip install {package}"
+    return f"{protocol}:// URLs need {package}: {install}"
+
+
 class Storage:
     """An fsspec filesystem plus counters; paths are the filesystem's own (protocol stripped)."""
 
@@ -58,7 +76,10 @@ class Storage:
 
     @classmethod
     def from_url(cls, url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
-        fs, path = url_to_fs(url, **(storage_options or {}))
+        try:
+            fs, path = url_to_fs(url, **(storage_options or {}))
+        except ImportError as e:  # fsspec's "Install s3fs to access S3", as one line
+            raise MissingDependencyError(_missing_filesystem(url, e)) from None
         return cls(fs), path.rstrip("/") or "/"
 
     def url(self, path: str) -> str:

@@ -51,7 +51,7 @@ def test_restore_needs_yes(tmp_path, capsys):
     assert code == 0 and "would run" in out and "--yes" in err
     assert snapshot(root) == before
     code, out, _ = run(capsys, "restore", root, 1, "--yes", "--json")
-    head = json.loads(out.splitlines()[0])
+    head = json.loads(out)
     assert code == 0 and head["done"] and head["new_serial"] == 4
     assert cv.open(root).latest == 4
     code, _, err = run(capsys, "restore", root, 3)  # incomplete
@@ -71,7 +71,7 @@ def test_retain_plan_apply_and_stored_policy(tmp_path, capsys):
     code, _, _ = run(capsys, "retain", root, "--keep-last", 1, "--pin", 0, "--save")
     assert code == 0 and cv.open(root).retention_policy() is not None
     code, out, _ = run(capsys, "retain", root, "--apply", "--yes", "--json")  # stored policy
-    assert code == 0 and [r["serial"] for r in json.loads(out)] == [1]
+    assert code == 0 and [r["serial"] for r in json.loads(out)["deleted"]] == [1]
     assert list(cv.open(root).serials.index) == [0, 2, 3]
     code, _, err = run(capsys, "retain", root, "--keep-best", "loss:x")
     assert code != 0 and len(err.strip().splitlines()) == 1

@@ -284,7 +284,7 @@ def test_retention_with_tags_newer_than_latest(ds_tree):
     plan = cat.plan_retention(keep_last=1)
     assert plan["action"].to_dict() == {5: "delete", 10: "keep", 20: "delete", 30: "delete",
                                         40: "keep"}  # fmt: skip
-    deleted = cat.apply_retention(plan)
+    deleted = cat.apply_retention(plan).deleted
     assert list(deleted.index) == [5, 20, 30]
     after = cv.open(ds_tree)
     assert list(after.serials.index) == [10, 40] and after.latest == 10

@@ -164,7 +164,7 @@ def test_retention_keep_last_one(case_id, tmp_path):
     assert latest_complete not in doomed and latest not in doomed
     kept_files = snapshot(root)
     gone = {cat.tree.rel(p) for s in doomed for p in _serial_paths(cat, s)}
-    deleted = cat.apply_retention(plan)
+    deleted = cat.apply_retention(plan).deleted
     assert set(deleted.index) == doomed
     new = cv.open(root)
     assert set(new.serials.index) == set(table.index) - doomed

@@ -106,7 +106,7 @@ def test_apply_deletes_and_journals(tmp_path):
     keep_values = cat.read("fc_0.w_0", 2)
     before = snapshot(root)
     plan = cat.plan_retention(keep_last=1)
-    deleted = cat.apply_retention(plan)
+    deleted = cat.apply_retention(plan).deleted
     assert list(deleted.index) == [0, 1]
     assert int(deleted["nbytes"].sum()) == int(plan.loc[[0, 1], "nbytes"].sum())
     assert not (root / "checkpoint_0").exists() and not (root / "checkpoint_1").exists()

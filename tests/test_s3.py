@@ -234,7 +234,7 @@ def test_s3_retention_failure_part_way_and_restore(s3, proxy):
     assert cat.latest == 300 and not cat.serials.loc[200, "complete"]  # marker went first
 
     proxy.reset()  # retry: plan again, the rest of serial 200 goes
-    done = cat.apply_retention(cat.plan_retention(keep_last=1))
+    done = cat.apply_retention(cat.plan_retention(keep_last=1)).deleted
     assert list(done.index) == [200] and list(cat.serials.index) == [300]
 
     target = f"s3://{bucket}/restored-{uuid.uuid4().hex[:6]}"

@@ -60,7 +60,7 @@ def test_slim_keeps_weights_readable_and_is_no_resume_point(tmp_path, tree):
     name, node = model.iloc[0]["name"], model.iloc[0]["node"]
     before = cat.read(name, serial=old, node=node)
     plan = cat.plan_retention(slim_older_than="0s")
-    done = cat.apply_retention(plan)
+    done = cat.apply_retention(plan).deleted
     assert list(done["action"]) == ["slim"] * len(done) and old in done.index
     assert done.loc[old, "nbytes"] == plan.loc[old, "frees"] > 0
     cat = cv.open(root)

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
-
-import pandas as pd
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from ..io import Storage
 from ..model import META_DIR, Op
@@ -28,6 +27,7 @@ from ..scan.detect import detect, list_tree
 from .journal import Journal, join_path, journal_path, open_root, read_journal
 from .lock import TreeLock, is_stale
 from .ops import OpRunner, describe, ops_frame
+from .result import ChangeResult
 from .status import needs_recovery, operations
 
 
@@ -253,8 +253,8 @@ def recover(url: str | os.PathLike, dry_run: bool = False,
 
     if dry_run:
         fixer, _ = work()
-        return RecoverResult(url, ops_frame(fixer.ops()), fixer.outcomes, True, False,
-                             TreeLock(fs, root).holder())  # fmt: skip
+        return RecoverResult(target=url, ops=ops_frame(fixer.ops()), outcomes=fixer.outcomes,
+                             dry_run=True, done=False, lock=TreeLock(fs, root).holder())  # fmt: skip
     with TreeLock(fs, root, "recover") as lock:
         journal = Journal(fs, root)
         if lock.broken:
@@ -262,27 +262,33 @@ def recover(url: str | os.PathLike, dry_run: bool = False,
         fixer, _ = work()
         ops = fixer.ops()
         if not ops and not fixer.outcomes and not lock.broken:
-            return RecoverResult(url, ops_frame([]), [], False, True, None)
+            return RecoverResult(target=url, dry_run=False, done=True)
         journal.write("begin", action="recover", recovers=[o for o, _ in fixer.outcomes],
                       steps=len(ops), plan=[describe(o) for o in ops])  # fmt: skip
         OpRunner(fs, root, journal=journal).run(ops)
         for op_id, outcome in fixer.outcomes:
             journal.write("recovered", of=op_id, outcome=outcome)
         journal.write("end", action="recover")
-    return RecoverResult(url, ops_frame(ops), fixer.outcomes, False, True, lock.broken)
+    return RecoverResult(target=url, ops=ops_frame(ops), outcomes=fixer.outcomes, dry_run=False,
+                         done=True, lock=lock.broken)  # fmt: skip
 
 
-class RecoverResult:
-    """What :func:`recover` did (or, with ``dry_run``, would do)."""
+@dataclass(kw_only=True)
+class RecoverResult(ChangeResult):
+    """What :func:`recover` did (or, with ``dry_run``, would do): a :class:`ChangeResult` with
+    the ``outcomes`` per recovered operation (``(op_id, outcome)`` pairs) and the ``lock``
+    found (or broken) on the tree, if any."""
 
-    def __init__(self, target: str, ops: pd.DataFrame, outcomes: list[tuple[str, str]],
-                 dry_run: bool, done: bool, lock: dict | None):  # fmt: skip
-        self.target, self.ops, self.outcomes = target, ops, outcomes
-        self.dry_run, self.done, self.lock = dry_run, done, lock
+    action: ClassVar[str] = "recover"
+    outcomes: list[tuple[str, str]] = field(default_factory=list)
+    lock: dict | None = None
 
-    def __str__(self) -> str:
+    def headline(self) -> str:
         verb = "would run" if self.dry_run else "ran"
-        lines = [f"recover {self.target}: {verb} {len(self.ops)} steps"]
+        return f"recover {self.target}: {verb} {len(self.ops)} steps"
+
+    def notes(self) -> list[str]:
+        lines = []
         if self.lock:
             held = f"pid {self.lock.get('pid')} on {self.lock.get('host')}"
             if not self.dry_run:
@@ -291,7 +297,15 @@ class RecoverResult:
                 stale = is_stale(self.lock)
                 lines.append(("stale lock of " if stale else "lock held by ") + held
                              + (" (will be broken)" if stale else ""))  # fmt: skip
-        lines += [f"  {op_id}: {outcome}" for op_id, outcome in self.outcomes]
+        lines += [f"{op_id}: {outcome}" for op_id, outcome in self.outcomes]
         if not self.outcomes and not len(self.ops):
-            lines.append("  nothing to recover")
-        return "\n".join(lines)
+            lines.append("nothing to recover")
+        return lines
+
+    def __str__(self) -> str:  # the steps are in .ops; the outcomes say what they are for
+        return "\n".join([self.headline(), *(f"  {n}" for n in self.notes())])
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["outcomes"] = [{"op_id": o, "outcome": w} for o, w in self.outcomes]
+        return out

@@ -9,7 +9,8 @@ import pandas as pd
 from .journal import journal_path, open_root, read_journal
 from .lock import TreeLock, is_stale
 
-STATUS_COLUMNS = ["op_id", "action", "serial", "started", "ended", "status", "steps", "detail"]
+STATUS_COLUMNS = ["op_id", "action", "serial", "serials", "started", "ended", "status", "steps",
+                  "detail"]  # fmt: skip
 RECOVERABLE = ("restore", "retention", "recover")
 
 
@@ -42,8 +43,9 @@ def _summary(op: dict) -> tuple:
     events = [r.get("event") for r in recs]
     action = begin.get("action") if begin else ("write" if "intent" in events else events[0])
     serial = begin.get("serial") if begin else None
+    serials = [] if serial is None else [int(serial)]
     if action == "retention" and begin:
-        serial = ",".join(map(str, begin.get("delete") or [])) or None
+        serials = [int(x) for x in (begin.get("delete") or []) + (begin.get("slim") or [])]
     done = events.count("done")
     total = (begin or {}).get("steps")
     if action == "retention":
@@ -67,13 +69,15 @@ def _summary(op: dict) -> tuple:
     if action == "lock_broken":
         detail = f"holder {recs[0].get('holder')}"
     steps = f"{done}/{total}" if total is not None else str(done)
-    return (op["op_id"], action, None if serial is None else str(serial), recs[0].get("time"),
-            end.get("time") if end else None, status, steps, detail)  # fmt: skip
+    return (op["op_id"], action, None if serial is None else int(serial), serials,
+            recs[0].get("time"), end.get("time") if end else None, status, steps, detail)  # fmt: skip
 
 
 def status(url: str | os.PathLike, storage_options: dict | None = None,
            last: int | None = None) -> pd.DataFrame:  # fmt: skip
-    """The journal of the tree at ``url``, one row per operation (newest last): ``status`` is
+    """The journal of the tree at ``url``, one row per operation (newest last): ``serial`` is
+    the one a restore worked on, ``serials`` every serial the operation touched (a
+    retention's deleted and slimmed ones); ``status`` is
     finished, interrupted (cut short: run ``recover``), failed (its own clean-up ran but may be
     partial: ``recover``), recovered, or running (the lock is held by a live process);
     ``steps`` counts done steps of the planned ones (``recover``: :mod:`.recover`)."""
@@ -84,10 +88,10 @@ def status(url: str | os.PathLike, storage_options: dict | None = None,
     if held and not is_stale(held):
         for i in range(len(rows) - 1, -1, -1):
             if needs_recovery(ops[i]):
-                rows[i] = (*rows[i][:5], "running", rows[i][6],
+                rows[i] = (*rows[i][:6], "running", rows[i][7],
                            f"lock held by pid {held.get('pid')} on {held.get('host')}")  # fmt: skip
                 break
-    df = pd.DataFrame(rows, columns=STATUS_COLUMNS)
+    df = pd.DataFrame(rows, columns=STATUS_COLUMNS).astype({"serial": "Int64"})
     if last is not None:
         df = df.tail(last)
     df.attrs["lock"] = held

@@ -1,24 +1,28 @@
-"""Helpers shared by subcommands: opening a tree, printing tables."""
+"""Helpers shared by subcommands: opening a tree, progress bars, JSON output (tables are
+in :mod:`._table`)."""
 
 from __future__ import annotations
 
 import functools
 import json
 import sys
+from typing import Any
 
 import pandas as pd
 
 import ckptview as cv
 from ckptview.changes.lock import TreeLockedError
+from ckptview.changes.result import json_default, records
 from ckptview.engine.retention import TreeChangedError
 
-from . import CLIError
+from . import CLIError, _table
 
 
 def add_open_args(p) -> None:
     p.add_argument("url", help="checkpoint tree: a directory, file or any fsspec URL")
     p.add_argument("--layout", help="force a layout by name (default: detect)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document (the full data) instead of a table")  # fmt: skip
     add_progress_args(p)
 
 
@@ -52,18 +56,35 @@ class ScanBar:
             self.bar = None
 
 
-def print_table(df: pd.DataFrame, as_json: bool, index: bool = True) -> None:
-    """A DataFrame as an aligned table, or as JSON records (index included)."""
+def emit_json(doc: Any) -> None:
+    """One JSON document on stdout: a DataFrame as records (its index as a column when it
+    has a name), a result object through its ``to_dict()``; the API's types (ints, floats,
+    lists, ISO times; NaN/NA as null)."""
+    if isinstance(doc, pd.Series):
+        doc = doc.to_frame()
+    if isinstance(doc, pd.DataFrame):
+        doc = records(doc)
+    elif hasattr(doc, "to_dict") and not isinstance(doc, dict):
+        doc = doc.to_dict()
+    json.dump(doc, sys.stdout, indent=1, default=json_default, allow_nan=False)
+    sys.stdout.write("\n")
+
+
+def show_change(result, as_json: bool) -> None:
+    """A ChangeResult (restore, recover): its headline, notes and steps, or one JSON document."""
     if as_json:
-        out = df.reset_index() if index else df
-        json.dump(
-            json.loads(out.to_json(orient="records", date_format="iso")), sys.stdout, indent=1
-        )
-        sys.stdout.write("\n")
+        emit_json(result)
         return
-    with pd.option_context("display.max_rows", None, "display.max_columns", None,
-                           "display.width", 200, "display.max_colwidth", 60):  # fmt: skip
-        print(df.to_string(index=index))
+    out = _table.console()
+    out.print(result.headline(), overflow="fold")
+    for note in result.notes():
+        out.print(f"  {note}", overflow="fold")
+    if len(result.ops):
+        cols = [_table.Col("kind"),
+                _table.Col("path", fmt=_table.relative_to(result.target), fit=_table.CUT),
+                _table.Col("nbytes", "size", _table.size, right=True),
+                _table.Col("note", fit=_table.CUT, optional=True)]  # fmt: skip
+        _table.render(result.ops, cols)
 
 
 def progress(total: int | None, desc: str, unit: str = "B", args=None):

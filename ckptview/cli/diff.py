@@ -1,8 +1,12 @@
-"""``ckptview diff URL A B [--other URL]``: variable-by-variable numeric diff."""
+"""``ckptview diff URL A B [--other URL]``: variable-by-variable numeric diff, biggest change
+first (the order of ``cat.diff`` and of the dashboard)."""
 
 from __future__ import annotations
 
-from ._common import add_open_args, open_tree, print_table, progress
+from ckptview.fmt import fmt_shape
+
+from . import _table as t
+from ._common import add_open_args, emit_json, open_tree, progress
 
 
 def register(sub) -> None:
@@ -18,6 +22,25 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+COLUMNS = [
+    t.Col("status"),
+    t.Col("name", fit=t.FOLD),
+    t.Col("node", fit=t.CUT, optional=True),
+    t.Col("shape", drop=3),
+    t.Col("rel_l2", fmt=t.number, right=True),
+    t.Col("l2", fmt=t.number, right=True, drop=4),
+    t.Col("max_abs", fmt=t.number, right=True),
+    t.Col("cosine", fmt=t.number, right=True, drop=1),
+    t.Col("error", fit=t.FOLD, optional=True),
+]
+
+
+def _shape(a, b) -> str:
+    if a is None or b is None:
+        return fmt_shape(a if b is None else b) if (a, b) != (None, None) else ""
+    return fmt_shape(a) if tuple(a) == tuple(b) else f"{fmt_shape(a)} → {fmt_shape(b)}"
+
+
 def run(args) -> int:
     cat = open_tree(args)
     other = open_tree(args, args.other, args.other_layout) if args.other else None
@@ -28,5 +51,13 @@ def run(args) -> int:
                       progress=bar.update)  # fmt: skip
     if args.changed:
         df = df[df["status"] != "identical"]
-    print_table(df, args.json, index=False)
+    if args.json:
+        emit_json(df)
+        return 0
+    shown = df.assign(shape=[_shape(a, b) for a, b in zip(df["shape_a"], df["shape_b"])])
+    b = f"{other.url} serial {args.b}" if other is not None else f"serial {args.b}"
+    counts = shown["status"].value_counts()
+    tally = ", ".join(f"{n} {s}" for s, n in counts.items())
+    t.render(shown, COLUMNS, title=f"{cat.url} serial {args.a} -> {b}: {tally or 'nothing'}",
+             empty="no differences" if args.changed else "no variables")  # fmt: skip
     return 0

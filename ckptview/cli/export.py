@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
-from ._common import add_open_args, guarded, open_tree, print_table, progress
+from . import _table as t
+from ._common import add_open_args, emit_json, guarded, open_tree, progress
 
 SHOW_SKIPPED = 8
 
@@ -43,14 +43,11 @@ def run(args) -> int:
 
 def _show(result, as_json: bool) -> None:
     if as_json:
-        doc = {"serial": result.serial, "target": result.target, "dry_run": result.dry_run,
-               "done": result.done, "nbytes": result.nbytes,
-               "files": result.files.to_dict("records"),
-               "skipped": result.skipped.to_dict("records")}  # fmt: skip
-        print(json.dumps(doc, default=int))
+        emit_json(result)
         return
-    print(str(result).splitlines()[0])
-    print_table(result.files, False)
+    t.render(result.files, [t.Col("file", fit=t.CUT), t.Col("n_tensors", "tensors", t.integer, right=True),
+                            t.Col("nbytes", "size", t.size, right=True)],
+             title=result.headline(), empty="no files")  # fmt: skip
     if len(result.skipped):
         print(f"skipped {len(result.skipped)} (not numeric tensors, or unreadable):",
               file=sys.stderr)  # fmt: skip

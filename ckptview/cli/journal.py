@@ -3,7 +3,6 @@ roll back or finish an interrupted restore or retention."""
 
 from __future__ import annotations
 
-import json
 import sys
 
 from ckptview.changes.journal import open_root
@@ -11,7 +10,8 @@ from ckptview.changes.lock import break_lock
 from ckptview.changes.recover import recover
 from ckptview.changes.status import status
 
-from ._common import add_progress_args, guarded, print_table
+from . import _table as t
+from ._common import add_progress_args, emit_json, guarded, show_change
 
 
 def register(sub) -> None:
@@ -23,9 +23,21 @@ def register(sub) -> None:
     p.add_argument("--yes", action="store_true", help="with --recover: do it (default: plan)")
     p.add_argument("--break-lock", action="store_true",
                    help="remove the tree's lock first, whoever holds it")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document (the full data) instead of a table")  # fmt: skip
     add_progress_args(p)
     p.set_defaults(func=guarded(run))
+
+
+COLUMNS = [
+    t.Col("started", fmt=t.when),
+    t.Col("action"),
+    t.Col("serials", fmt=t.listed, fit=t.CUT),
+    t.Col("status"),
+    t.Col("steps", right=True),
+    t.Col("op_id", "id", drop=1),
+    t.Col("detail", fit=t.FOLD, optional=True),
+]
 
 
 def run(args) -> int:
@@ -37,23 +49,17 @@ def run(args) -> int:
         print(f"lock removed: {held}" if held else "no lock", file=sys.stderr)
     if args.recover:
         result = recover(args.url, dry_run=not args.yes)
-        if args.json:
-            print(json.dumps({"target": result.target, "dry_run": result.dry_run,
-                              "done": result.done, "lock": result.lock,
-                              "outcomes": [{"op_id": o, "outcome": w}
-                                           for o, w in result.outcomes]}))  # fmt: skip
-            print_table(result.ops, True)
-            return 0
-        print(str(result))
-        if len(result.ops):
-            print_table(result.ops[["kind", "path", "nbytes", "note"]], False)
+        show_change(result, args.json)
         if result.dry_run and (len(result.ops) or result.outcomes):
             print("(plan only: re-run with --recover --yes to recover)", file=sys.stderr)
         return 0
     df = status(args.url, last=args.last)
-    print_table(df, args.json, index=False)
+    if args.json:
+        emit_json(df)
+        return 0
+    t.render(df, COLUMNS, empty=f"no changes journaled in {args.url}")
     pending = df.attrs.get("pending") or []
-    if pending and not args.json:
+    if pending:
         print(f"{len(pending)} interrupted operation(s): ckptview journal {args.url} "
               "--recover --yes", file=sys.stderr)  # fmt: skip
     return 0

@@ -6,8 +6,10 @@ import sys
 
 from ckptview.changes.lock import break_lock
 from ckptview.engine.policies import describe_policy, make_policy
+from ckptview.fmt import human_bytes
 
-from ._common import add_open_args, guarded, open_tree, print_table, progress
+from . import _table as t
+from ._common import add_open_args, emit_json, guarded, open_tree, progress
 
 
 def register(sub) -> None:
@@ -15,9 +17,12 @@ def register(sub) -> None:
     add_open_args(p)
     p.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest complete")
     p.add_argument("--keep-every", type=int, metavar="K", help="keep serials divisible by K")
-    p.add_argument("--every-by", choices=("serial", "step"), default="serial")
+    p.add_argument("--every-by", choices=("serial", "step"), default="serial",
+                   help="what --keep-every divides: the serial number (default) or the "
+                   "training step")  # fmt: skip
     p.add_argument("--keep-best", metavar="METRIC:N[:min|max]", help="keep the N best")
-    p.add_argument("--pin", type=int, action="append", default=[], metavar="SERIAL")
+    p.add_argument("--pin", type=int, action="append", default=[], metavar="SERIAL",
+                   help="always keep this serial (repeatable)")  # fmt: skip
     p.add_argument("--older-than", metavar="DURATION", help="keep serials newer than (7d, 12h)")
     p.add_argument("--slim-older-than", metavar="DURATION",
                    help="delete the optimizer state of kept serials older than this (7d), "
@@ -27,6 +32,23 @@ def register(sub) -> None:
     p.add_argument("--yes", action="store_true", help="confirm: delete and slim")
     p.add_argument("--break-lock", action="store_true", help="remove a lock left by a crash")
     p.set_defaults(func=guarded(run))
+
+
+PLAN_COLUMNS = [
+    t.Col("serial", right=True),
+    t.Col("action"),
+    t.Col("nbytes", "size", t.size, right=True),
+    t.Col("frees", fmt=t.size, right=True, drop=2),
+    t.Col("timestamp", "written (UTC)", t.when, drop=1),
+    t.Col("step", fmt=t.integer, right=True, optional=True, drop=3),
+    t.Col("reason", fit=t.FOLD),
+]
+DONE_COLUMNS = [
+    t.Col("serial", right=True),
+    t.Col("action"),
+    t.Col("nbytes", "freed", t.size, right=True),
+    t.Col("steps", right=True),
+]
 
 
 def run(args) -> int:
@@ -45,16 +67,23 @@ def run(args) -> int:
     n_slim = int((plan["action"] == "slim").sum())
     freed = int(plan["frees"].sum())
     if not args.yes or n_del + n_slim == 0:
-        print_table(plan, args.json)
+        if args.json:
+            emit_json(plan)
+        else:
+            t.render(plan.reset_index(), PLAN_COLUMNS, title=f"retention plan for {cat.url}",
+                     empty="no serials")  # fmt: skip
         what = f"would delete {n_del} serial(s)" + (f", slim {n_slim}" if n_slim else "")
-        print(f"policy: {describe_policy(policy)}; {what}, freeing {freed} bytes"
+        print(f"policy: {describe_policy(policy)}; {what}, freeing {human_bytes(freed)}"
               + ("" if n_del + n_slim == 0 else " (plan only: add --yes to do it)"),
               file=sys.stderr)  # fmt: skip
         return 0
     with progress(n_del + n_slim, "retain", unit="serial", args=args) as bar:
-        done = cat.apply_retention(plan, progress=bar.update)
-    print_table(done, args.json)
-    n_done = int((done["action"] == "delete").sum()) if len(done) else 0
-    print(f"deleted {n_done} serial(s), slimmed {len(done) - n_done}, "
-          f"freed {int(done['nbytes'].sum())} bytes", file=sys.stderr)  # fmt: skip
+        result = cat.apply_retention(plan, progress=bar.update)
+    if args.json:
+        emit_json(result)
+    else:
+        done = result.deleted.reset_index()
+        done["path"] = [t.relative_to(cat.url)(p) for p in done["path"]]
+        t.render(done, [*DONE_COLUMNS[:2], t.Col("path", fit=t.CUT), *DONE_COLUMNS[2:]],
+                 title=result.headline())  # fmt: skip
     return 0

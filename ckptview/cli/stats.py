@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from ._common import add_open_args, open_tree, print_table
+from ckptview.fmt import missing
+
+from . import _table as t
+from ._common import add_open_args, emit_json, open_tree
 
 
 def register(sub) -> None:
@@ -16,11 +19,45 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _count(n) -> str:
+    """A count of NaN/inf values; blank when there are none."""
+    return "" if missing(n) or int(n) == 0 else f"{int(n):,}"
+
+
+def _percent(x) -> str:
+    return "" if missing(x) else f"{100 * float(x):.3g}%"
+
+
+COLUMNS = [
+    t.Col("name", fit=t.FOLD),
+    t.Col("node", fit=t.CUT, optional=True),
+    t.Col("dtype", drop=4),
+    t.Col("shape", fmt=t.shape, drop=3),
+    *(t.Col(c, fmt=t.number, right=True, drop=d)
+      for c, d in (("min", 0), ("max", 0), ("mean", 2), ("std", 5), ("l2", 0))),
+    t.Col("n_nan", "nan", _count, right=True, optional=True),
+    t.Col("n_inf", "inf", _count, right=True, optional=True),
+    t.Col("frac_zero", "zeros", _percent, right=True, drop=6),
+    t.Col("error", fit=t.FOLD, optional=True),
+]  # fmt: skip
+
+
 def run(args) -> int:
     cat = open_tree(args)
     if args.follow:
         series = cat.trajectory(args.follow, args.stat, args.node)
-        print_table(series.to_frame(), args.json)
+        if args.json:
+            emit_json(series.rename("value").to_frame())
+            return 0
+        shown = series.rename("value").reset_index()
+        t.render(shown, [t.Col("serial", right=True), t.Col("value", args.stat, t.number, right=True)],
+                 title=f"{args.follow}: {args.stat} by serial", empty="no serials")  # fmt: skip
         return 0
-    print_table(cat.stats(args.serial, args.name), args.json, index=False)
+    table = cat.stats(args.serial, args.name)
+    if args.json:
+        emit_json(table)
+        return 0
+    serial = int(table["serial"].iloc[0]) if len(table) else args.serial
+    t.render(table, COLUMNS, title=f"{cat.layout}: {cat.url}, serial {serial}",
+             empty="no variables")  # fmt: skip
     return 0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ._common import add_open_args, open_tree, print_table
+from . import _table as t
+from ._common import add_open_args, emit_json, open_tree
 
 
 def register(sub) -> None:
@@ -13,9 +14,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def columns(root: str, every_serial: bool) -> list[t.Col]:
+    cols = [t.Col("serial", right=True)] if every_serial else []
+    return cols + [
+        t.Col("name", fit=t.FOLD),
+        t.Col("node", fit=t.CUT, optional=True),
+        t.Col("kind", drop=4),
+        t.Col("dtype"),
+        t.Col("shape", fmt=t.shape),
+        t.Col("nbytes", "size", t.size, right=True),
+        t.Col("n_shards", "shards", t.integer, right=True, optional=True, drop=3),
+        t.Col("quant", optional=True, drop=3),
+        t.Col("file", fmt=t.relative_to(root), fit=t.CUT, drop=1),
+        t.Col("error", fit=t.FOLD, optional=True),
+    ]
+
+
 def run(args) -> int:
     cat = open_tree(args)
     df = cat.variables
+    title = f"{cat.layout}: {cat.url}, every serial"
     if not args.all:
         serial = args.serial if args.serial is not None else cat.latest
         if serial is None and len(cat.serials):
@@ -23,5 +41,10 @@ def run(args) -> int:
         if serial is not None and serial not in set(cat.serials.index):
             raise ValueError(f"no serial {serial}; serials: {list(cat.serials.index)}")
         df = df[df["serial"] == serial]
-    print_table(df, args.json, index=False)
+        title = f"{cat.layout}: {cat.url}, serial {serial}"
+    if args.json:
+        emit_json(df.reset_index(drop=True))
+        return 0
+    shown = df.assign(n_shards=df["n_shards"].where(df["n_shards"] > 1))
+    t.render(shown, columns(cat.url, args.all), title=title, empty="no variables")
     return 0

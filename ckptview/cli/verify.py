@@ -5,7 +5,8 @@ Exit 0 when clean, 1 on findings (errors or warnings), 2 on a usage error."""
 from __future__ import annotations
 
 from . import CLIError
-from ._common import add_open_args, open_tree, print_table
+from . import _table as t
+from ._common import add_open_args, emit_json, open_tree
 
 
 def register(sub) -> None:
@@ -24,9 +25,12 @@ def run(args) -> int:
     except KeyError as e:
         raise CLIError(e.args[0]) from None
     if args.json:
-        print_table(findings, True, index=False)
+        emit_json(findings)
     elif len(findings):
-        print_table(findings, False, index=False)
+        cols = [t.Col("serial", fmt=t.integer, right=True), t.Col("severity"), t.Col("check"),
+                t.Col("file", fmt=t.relative_to(cat.url), fit=t.CUT, drop=1),
+                t.Col("message", fit=t.FOLD)]  # fmt: skip
+        t.render(findings, cols, title=f"{cat.layout}: {cat.url}: {len(findings)} finding(s)")
     else:
         checked = args.serials or list(cat.serials.index)
         print(f"{len(checked)} serial(s) checked{' (deep)' if args.deep else ''}: no findings")

@@ -365,4 +365,16 @@ def diff(scan: Scan, a: int | None, b: int | None, other: Scan | None = None,
     df["n_changed"] = df["n_changed"].astype("Int64")
     df["numel"] = df["numel"].astype("int64")
     df.attrs.update({"a": a, "b": b})
-    return df.sort_values(["node", "name"], kind="stable").reset_index(drop=True)
+    return by_change(df)
+
+
+def by_change(df: pd.DataFrame) -> pd.DataFrame:
+    """Diff rows biggest change first, the order every face shows: rows that differ by
+    ``rel_l2`` descending, then those without one (added, removed, shape/dtype changed,
+    errors), identical rows last; ties by name and node."""
+    order = df["rel_l2"].astype("float64").fillna(-1.0)
+    identical = (df["status"] == "identical").astype(int)
+    keyed = df.assign(_same=identical, _rel=order)
+    keyed = keyed.sort_values(["_same", "_rel", "name", "node"], ascending=[True, False, True, True],
+                              kind="stable")  # fmt: skip
+    return keyed.drop(columns=["_same", "_rel"]).reset_index(drop=True)

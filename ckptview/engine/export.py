@@ -14,13 +14,15 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from ..changes.journal import Journal
+from ..changes.result import ChangeResult
 from ..dtypes import is_numeric, np_dtype
+from ..fmt import human_bytes
 from ..formats.safetensors import CODES, header
 from ..io import Storage
 from ..scan.core import Scan
@@ -51,36 +53,36 @@ class Entry:
         return n * np_dtype(self.dtype).itemsize
 
 
-@dataclass
-class ExportResult:
-    """What an export wrote (or, with ``dry_run``, would write)."""
+@dataclass(kw_only=True)
+class ExportResult(ChangeResult):
+    """What an export wrote (or, with ``dry_run``, would write): a :class:`ChangeResult` whose
+    table is ``files`` (file, n_tensors, nbytes); ``skipped`` (name, node, reason) lists what
+    was left out."""
 
+    action: ClassVar[str] = "export"
+    main_table: ClassVar[str] = "files"
     serial: int
-    target: str
     files: pd.DataFrame = field(repr=False)
     skipped: pd.DataFrame = field(repr=False)
-    dry_run: bool
-    done: bool
-    message: str = ""
 
     @property
     def nbytes(self) -> int:
         return int(self.files["nbytes"].sum()) if len(self.files) else 0
 
-    def __str__(self) -> str:
-        verb = "would write" if self.dry_run else ("wrote" if self.done else "did not write")
+    @property
+    def verb(self) -> str:
+        return "would write" if self.dry_run else ("wrote" if self.done else "did not write")
+
+    def headline(self) -> str:
         n = int(self.files["n_tensors"].sum()) if len(self.files) else 0
-        head = (f"export serial {self.serial} -> {self.target}: {verb} {n} tensors, "
-                f"{self.nbytes} bytes in {len(self.files)} file(s)")  # fmt: skip
+        head = (f"export serial {self.serial} -> {self.target}: {self.verb} {n} tensors, "
+                f"{human_bytes(self.nbytes)} in {len(self.files)} file(s)")  # fmt: skip
         if len(self.skipped):
             head += f"; {len(self.skipped)} skipped"
-        if self.message:
-            head += f" ({self.message})"
-        with pd.option_context("display.max_colwidth", 80, "display.width", 200):
-            return head + "\n" + self.files.to_string()
+        return self._with_message(head)
 
-    def _repr_html_(self) -> str:
-        return f"<p>{str(self).splitlines()[0]}</p>" + self.files.to_html()
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "nbytes": self.nbytes}
 
 
 def export(scan: Scan, serial: int | None, to: str | os.PathLike, names: list[str] | None = None,
@@ -100,8 +102,9 @@ def export(scan: Scan, serial: int | None, to: str | os.PathLike, names: list[st
         [(f, len(group), sum(e.nbytes for e in group)) for f, group in shards.items()],
         columns=FILE_COLUMNS,
     ).astype({"n_tensors": "int64", "nbytes": "int64"})
-    result = ExportResult(serial, dest.url(root), files,
-                          pd.DataFrame(skipped, columns=SKIP_COLUMNS), dry_run, False)  # fmt: skip
+    result = ExportResult(serial=serial, target=dest.url(root), files=files,
+                          skipped=pd.DataFrame(skipped, columns=SKIP_COLUMNS), dry_run=dry_run,
+                          done=False)  # fmt: skip
     if not entries:
         raise ValueError(f"serial {serial} has no tensor to export")
     if dry_run:
@@ -120,7 +123,7 @@ def _serial(scan: Scan, serial: int | None, force: bool) -> int:
     row = scan.serials.loc[serial]
     if not bool(row["loadable"]) and not force:
         raise ValueError(f"serial {serial} does not load ({row['error']}); "
-                         "exporting what reads needs --force")  # fmt: skip
+                         "exporting what reads needs force=True")  # fmt: skip
     return serial
 
 

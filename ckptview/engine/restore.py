@@ -9,41 +9,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from ..changes.journal import Journal
 from ..changes.lock import TreeLock
 from ..changes.ops import OpRunner, describe, ops_frame
+from ..changes.result import ChangeResult
 from ..io import Storage
 from ..model import Op
 from ..scan.core import Scan
 
 
-@dataclass
-class RestoreResult:
-    """What a restore did (or, with ``dry_run``, would do)."""
+@dataclass(kw_only=True)
+class RestoreResult(ChangeResult):
+    """What a restore did (or, with ``dry_run``, would do): a :class:`ChangeResult` with the
+    restored ``serial`` and the ``new_serial`` it has in the target tree."""
 
+    action: ClassVar[str] = "restore"
     serial: int
-    target: str  # URL of the tree that changes
-    new_serial: int | None  # the serial number the restored copy has there
-    ops: pd.DataFrame = field(repr=False)
-    dry_run: bool
-    done: bool
-    message: str = ""
+    new_serial: int | None
 
-    def __str__(self) -> str:
-        verb = "would" if self.dry_run else ("did" if self.done else "did not")
-        head = f"restore serial {self.serial} -> {self.target}: {verb} run {len(self.ops)} steps"
-        if self.message:
-            head += f" ({self.message})"
-        with pd.option_context("display.max_colwidth", 80, "display.width", 200):
-            return head + ("\n" + self.ops.to_string() if len(self.ops) else "")
-
-    def _repr_html_(self) -> str:
-        return f"<p>{str(self).splitlines()[0]}</p>" + self.ops.to_html()
+    def headline(self) -> str:
+        return self._with_message(
+            f"restore serial {self.serial} -> {self.target}: {self.verb} {len(self.ops)} steps"
+        )
 
 
 def restore(scan: Scan, serial: int, to: str | os.PathLike | None = None, dry_run: bool = False,
@@ -55,12 +45,14 @@ def restore(scan: Scan, serial: int, to: str | os.PathLike | None = None, dry_ru
         return export_to(scan, serial, dest.fs, root, dry_run, force, progress)
     serial = _checked(scan, serial, force)
     if scan.latest == serial:
-        return RestoreResult(serial, scan.url, serial, ops_frame([]), dry_run, not dry_run,
-                             "already the serial the framework resumes from")  # fmt: skip
+        return RestoreResult(serial=serial, target=scan.url, new_serial=serial, dry_run=dry_run,
+                             done=not dry_run,
+                             message="already the serial the framework resumes from")  # fmt: skip
     layout, info = scan.layout, scan.serial_info(serial)
     ops = layout.promote_ops(scan.tree, scan.tree_scan, info)
     new_serial = layout.promoted_serial(scan.tree, scan.tree_scan, info)
-    result = RestoreResult(serial, scan.url, new_serial, ops_frame(ops), dry_run, False)
+    result = RestoreResult(serial=serial, target=scan.url, new_serial=new_serial,
+                           ops=ops_frame(ops), dry_run=dry_run, done=False)  # fmt: skip
     if not dry_run:
         run_change(scan, scan.storage.fs, scan.tree.root, ops, result, progress)
         scan.refresh()
@@ -77,7 +69,8 @@ def export_to(scan: Scan, serial: int, fs: Any, root: str, dry_run: bool = False
     if clash:
         raise FileExistsError(f"{root} already holds {clash[0]} (restore never overwrites)")
     url = Storage(fs).url(root)
-    result = RestoreResult(serial, url, serial, ops_frame(ops), dry_run, False)
+    result = RestoreResult(serial=serial, target=url, new_serial=serial, ops=ops_frame(ops),
+                           dry_run=dry_run, done=False)  # fmt: skip
     if not dry_run:
         run_change(scan, fs, root, ops, result, progress)
     return result

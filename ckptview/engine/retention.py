@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
 from ..changes.journal import Journal
 from ..changes.lock import TreeLock
-from ..changes.ops import OpRunner, describe
+from ..changes.ops import OpRunner, describe, ops_frame
+from ..changes.result import ChangeResult
+from ..fmt import human_bytes
 from ..model import META_DIR, Op
 from ..scan.core import Scan
 from ..scan.slimmed import SLIMMED_FILE, read_slimmed, slimmed_json
@@ -132,17 +135,44 @@ def check_plan(scan: Scan, plan: pd.DataFrame) -> list[int]:
     return doomed
 
 
+@dataclass(kw_only=True)
+class RetentionResult(ChangeResult):
+    """What ``apply_retention`` did: a :class:`ChangeResult` whose table ``deleted`` is what
+    was deleted, indexed by serial: ``action`` (delete | slim), ``path``, ``nbytes`` freed,
+    ``steps``."""
+
+    action: ClassVar[str] = "retention"
+    main_table: ClassVar[str] = "deleted"
+    deleted: pd.DataFrame = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes freed."""
+        return int(self.deleted["nbytes"].sum()) if len(self.deleted) else 0
+
+    def headline(self) -> str:
+        n_slim = int((self.deleted["action"] == "slim").sum()) if len(self.deleted) else 0
+        n_del = len(self.deleted) - n_slim
+        slim = f", slimmed {n_slim}" if n_slim else ""
+        return self._with_message(f"retention {self.target}: deleted {n_del} serial(s){slim}, "
+                                  f"freed {human_bytes(self.nbytes)}")  # fmt: skip
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "nbytes": self.nbytes}
+
+
 def apply_retention(scan: Scan, plan: pd.DataFrame,
-                    progress: Callable[[int], None] | None = None) -> pd.DataFrame:  # fmt: skip
+                    progress: Callable[[int], None] | None = None) -> RetentionResult:  # fmt: skip
     """Delete the serials ``plan`` marks ``delete`` and the optimizer state of those it marks
-    ``slim``; returns them (serial, action, path, nbytes freed, steps).
+    ``slim``; returns a :class:`RetentionResult` (``.deleted``: serial, action, path, nbytes
+    freed, steps; ``.ops``: every step run).
 
     A slim first records the serial in ``.ckptview/slimmed.json`` (from then on it is no
     resume point), then deletes its optimizer files: killed in between, the serial is marked
     slimmed with its files still there, never a resume point missing its optimizer state."""
     fs, root = scan.storage.fs, scan.tree.root
     journal = Journal(fs, root)
-    done = []
+    done, steps = [], []
     with TreeLock(fs, root, "retention"):
         scan.refresh()
         doomed = check_plan(scan, plan)
@@ -157,6 +187,7 @@ def apply_retention(scan: Scan, plan: pd.DataFrame,
                 journal.write("serial", action="delete", serial=s, steps=len(ops),
                               plan=[describe(o) for o in ops])  # fmt: skip
                 OpRunner(fs, root, journal=journal).run(ops)
+                steps += ops
                 done.append((s, "delete", scan.serials.loc[s, "path"],
                              int(plan.loc[s, "nbytes"]), len(ops)))  # fmt: skip
                 if progress:
@@ -167,6 +198,7 @@ def apply_retention(scan: Scan, plan: pd.DataFrame,
                 journal.write("serial", action="slim", serial=s, steps=len(ops),
                               plan=[describe(o) for o in ops])  # fmt: skip
                 OpRunner(fs, root, journal=journal).run(ops)
+                steps += ops
                 freed = sum(o.nbytes for o in ops if o.kind == "delete")
                 done.append((s, "slim", scan.serials.loc[s, "path"], freed, len(ops)))
                 if progress:
@@ -175,7 +207,9 @@ def apply_retention(scan: Scan, plan: pd.DataFrame,
         finally:
             scan.refresh()
     out = pd.DataFrame(done, columns=["serial", "action", "path", "nbytes", "steps"])
-    return out.set_index("serial").astype({"nbytes": "int64", "steps": "int64"})
+    out = out.set_index("serial").astype({"nbytes": "int64", "steps": "int64"})
+    return RetentionResult(target=scan.url, dry_run=False, done=True, ops=ops_frame(steps),
+                           deleted=out)  # fmt: skip
 
 
 def optimizer_bytes(scan: Scan, serial: int) -> int:

@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 
-_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+from ..fmt import fmt_number, fmt_shape, human_bytes, serial_status
+from ..fmt import text as _text
 
 STATUS_COLORS = {
     "latest": "#1b5e20",
@@ -30,43 +31,6 @@ STATUS_COLORS = {
 }
 
 
-def human_bytes(n) -> str:
-    """``1536`` -> ``"1.5 KiB"``; missing -> ``""``."""
-    if n is None or (isinstance(n, float) and math.isnan(n)) or n is pd.NA:
-        return ""
-    n = float(n)
-    for unit in _UNITS:
-        if abs(n) < 1024 or unit == _UNITS[-1]:
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"  # pragma: no cover
-
-
-def fmt_number(x, digits: int = 4) -> str:
-    """A compact, readable number: ``1.234e-07``, ``0.01234``, ``123.4``; NaN -> ``""``."""
-    if x is None or x is pd.NA:
-        return ""
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(x):
-        return ""
-    if x == 0:
-        return "0"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if 1e-3 <= abs(x) < 1e5:
-        return f"{x:.{digits}g}"
-    return f"{x:.{max(digits - 1, 1)}e}"
-
-
-def fmt_shape(shape) -> str:
-    """``(3, 4)`` -> ``"3×4"``; ``()`` -> ``"scalar"``."""
-    shape = tuple(shape) if shape is not None else ()
-    return "×".join(str(int(d)) for d in shape) if shape else "scalar"
-
-
 def badge(status: str) -> str:
     """An HTML chip for a status word (used with Tabulator's ``html`` formatter)."""
     color = STATUS_COLORS.get(status, "#455a64")
@@ -74,24 +38,6 @@ def badge(status: str) -> str:
         f'<span class="cv-badge cv-{status}" style="background:{color};color:white;'
         f'border-radius:8px;padding:1px 8px;font-size:12px">{status}</span>'
     )
-
-
-def _text(value) -> str:
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return str(value)
-
-
-def serial_status(row) -> str:
-    """One word for a serial: ``latest``, else ``incomplete``, else ``error`` (complete but
-    it does not load), else ``complete``.
-
-    Why is in the ``error`` column (a save cut short, a file that does not parse)."""
-    if bool(row["latest"]):
-        return "latest"
-    if not bool(row["complete"]):
-        return "incomplete"
-    return "error" if _text(row["error"]) or not bool(row.get("loadable", True)) else "complete"
 
 
 def metrics_wide(cat) -> pd.DataFrame:

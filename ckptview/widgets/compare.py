@@ -9,6 +9,7 @@ import pandas as pd
 import panel as pn
 import param
 
+from ..engine.diff import by_change
 from . import plots
 from ._base import Workspace, as_workspace, in_background, table
 from ._format import badge, fmt_number, fmt_shape, streamed_histogram
@@ -20,11 +21,7 @@ PLOT_LIMIT = 16 << 20  # values read at once for the difference plots
 
 def diff_frame(diff: pd.DataFrame) -> pd.DataFrame:
     """``cat.diff`` output for display: sorted by ``rel_l2`` (biggest change first)."""
-    d = diff.copy()
-    order = d["rel_l2"].astype("float64").fillna(-1.0)
-    changed_first = (d["status"] == "identical").astype(int)
-    d = d.assign(_o=order, _c=changed_first).sort_values(["_c", "_o", "name"],
-                                                          ascending=[True, False, True])  # fmt: skip
+    d = by_change(diff)
     out = pd.DataFrame(
         {
             "status": d["status"].astype(object),

@@ -232,11 +232,12 @@ class RetentionView(pn.viewable.Viewer):
         self.dialog.open = False
 
     def apply(self) -> pd.DataFrame:
-        """Delete exactly the planned serials; refused without write access."""
+        """Delete exactly the planned serials; refused without write access. Returns what
+        was deleted (``RetentionResult.deleted``)."""
         self.workspace.guard.require_write("apply retention")
         if self.plan is None:
             raise RuntimeError("plan first")
-        return self.workspace.runs[self.run].apply_retention(self.plan)
+        return self.workspace.runs[self.run].apply_retention(self.plan).deleted
 
     def show_result(self, deleted: pd.DataFrame) -> None:
         freed = int(deleted["nbytes"].sum()) if len(deleted) else 0
