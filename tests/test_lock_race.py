@@ -8,10 +8,14 @@ with two holders. With ``stale`` the tree starts with the lock of a process kill
 SIGKILL while holding it. A crash is any exception other than ``TreeLockedError``.
 
 Change races: two worker processes each open the same (copied) corpus tree and plan their
-change, then get "go" together. Afterwards: a false-complete serial is one marked complete
-whose files are not exactly those of one serial that was there before (commit markers
-aside) or that does not load; a crash is an exception other than a refusal (the lock held,
-the tree changed since the plan).
+change, then get "go" together; each records when it held the lock (an overlap: both at
+once); every other trial starts with a stale lock. Afterwards: a false-complete serial is one
+marked complete whose files are not exactly those of one serial that was there before
+(commit markers aside) or that does not load; a crash is an exception other than a refusal
+(the lock held, the tree changed since the plan).
+
+The interleaving behind overlapping holders (a breaker acting on a judgement made before
+someone else broke the stale lock) is also forced deterministically, locally and on S3.
 
 The counts are printed at the end (``pytest -s``) and kept in ``RACES``;
 ``CKPTVIEW_RACE_TRIALS`` scales the number of trials.
@@ -25,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +39,7 @@ from conftest import corpus_copy
 from test_restore import snapshot
 
 import ckptview as cv
+from ckptview.changes import lock as lock_module
 from ckptview.changes.lock import GRACE, TreeLock, TreeLockedError
 from ckptview.changes.lockstore import LocalStore, S3Store, store_for
 from ckptview.testing import races
@@ -162,13 +168,76 @@ def test_lock_store_compare_and_swap(where, tmp_path, request):
     assert not store.swap(path, seen, b"E") and store.read(path) is None  # gone: not made
 
 
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_a_late_breaker_cannot_take_a_lock_broken_meanwhile(where, tmp_path, request,
+                                                             monkeypatch):  # fmt: skip
+    """The interleaving behind overlapping holders, made deterministic: B judges the lock of
+    a killed process stale, then A breaks it and holds the lock, then B acts on its judgement.
+    B must be refused (its compare-and-swap sees a changed lock), never take A's lock away."""
+    if where == "s3":
+        from s3server import storage_options
+
+        options: dict | None = storage_options(request.getfixturevalue("s3_endpoint"))
+        filesystem(options).call_s3("create_bucket", Bucket="late")
+        root = "late/tree"
+    else:
+        options, root = None, str(tmp_path / "tree")
+        os.makedirs(root)
+    victim = FORK.Process(target=races.killed_holder, args=(root, options))
+    victim.start()
+    victim.join()
+    judged, proceed = threading.Event(), threading.Event()
+    real_is_stale = lock_module.is_stale
+
+    def is_stale(held: dict) -> bool:
+        stale = real_is_stale(held)
+        if threading.current_thread().name == "late" and not judged.is_set():
+            judged.set()  # B has judged the killed process's lock stale; A goes now
+            proceed.wait(30)
+        return stale
+
+    monkeypatch.setattr(lock_module, "is_stale", is_stale)
+    outcome = []
+
+    def late() -> None:
+        try:
+            TreeLock(filesystem(options), root, "late").acquire()
+            outcome.append("held")
+        except TreeLockedError:
+            outcome.append("refused")
+
+    thread = threading.Thread(target=late, name="late")
+    thread.start()
+    assert judged.wait(30)
+    first = TreeLock(filesystem(options), root, "first").acquire()
+    assert first.broken is not None and first.broken["what"] == "killed"
+    proceed.set()
+    thread.join(30)
+    assert outcome == ["refused"]
+    assert first.holder()["token"] == first.token  # A still holds it
+    first.release()
+    assert first.holder() is None
+
+
 # -- change races --------------------------------------------------------------------------
 WORKER = r"""
-import json, sys
+import json, sys, time
 import ckptview as cv
-from ckptview.changes.lock import TreeLockedError
+from ckptview.changes import lock as lock_module
+from ckptview.changes.lock import TreeLock, TreeLockedError
 from ckptview.engine.retention import TreeChangedError
+HELD = []  # [entered, left] of each time this process held the lock (monotonic ns)
+take, give = TreeLock.acquire, TreeLock.release
+def acquire(self):
+    taken = take(self)
+    HELD.append([time.monotonic_ns(), None])
+    return taken
+def release(self):
+    HELD[-1][1] = time.monotonic_ns()
+    give(self)
+TreeLock.acquire, TreeLock.release = acquire, release
 while line := sys.stdin.readline():
+    HELD.clear()
     job = json.loads(line)
     cat = cv.open(job["root"], cache=False)
     cat.serials
@@ -184,7 +253,7 @@ while line := sys.stdin.readline():
         out = {"refused": repr(e)[:300]}
     except Exception as e:
         out = {"crash": repr(e)[:300]}
-    print(json.dumps(out), flush=True)
+    print(json.dumps({**out, "held": HELD}), flush=True)
 """
 
 
@@ -250,18 +319,6 @@ def false_complete(root: Path, before: dict[str, str]) -> int:
     return bad
 
 
-def journal_overlaps(root: Path) -> int:
-    """1 when the two changes' journal spans (first to last record) overlap."""
-    from ckptview.changes.journal import read_journal
-
-    spans: dict[str, list[str]] = {}
-    for r in read_journal(fsspec.filesystem("file"), f"{root}/.ckptview/journal.jsonl"):
-        if r.get("event") not in ("lock_broken",):
-            spans.setdefault(r["op_id"], []).append(r["time"])
-    ivs = sorted((min(t), max(t)) for t in spans.values())
-    return int(any(a[1] > b[0] for a, b in zip(ivs, ivs[1:])))
-
-
 def plant_stale_lock(root: str) -> None:
     """The lock of a process killed (SIGKILL) while it held it."""
     victim = FORK.Process(target=races.killed_holder, args=(root, None))
@@ -281,7 +338,7 @@ def change_race(name: str, workers: Workers, tmp_path: Path, jobs: list[dict]) -
             plant_stale_lock(str(root))
         out = workers.race([{**job, "root": str(root)} for job in jobs])
         stats["trials"] += 1
-        stats["overlaps"] += journal_overlaps(root)
+        stats["overlaps"] += max_holders([tuple(iv) for o in out for iv in o["held"]]) > 1
         stats["both_done"] += all("done" in o for o in out)
         stats["crashes"] += sum("crash" in o for o in out)
         stats.setdefault("errors", set()).update(o["crash"] for o in out if "crash" in o)
