@@ -11,9 +11,11 @@ its catalog, either the tree before the restore or the tree a clean restore prod
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import fsspec
@@ -32,7 +34,7 @@ from test_restore import snapshot
 
 import ckptview as cv
 from ckptview.changes.journal import read_journal
-from ckptview.changes.lock import TreeLock, TreeLockedError
+from ckptview.changes.lock import GRACE, TreeLock, TreeLockedError
 from ckptview.changes.recover import recover
 from ckptview.changes.status import status
 from ckptview.cli import main
@@ -54,7 +56,9 @@ def die(root: Path) -> None:
     if lock.exists():
         try:
             held = json.loads(lock.read_text())
-        except ValueError:  # torn mid-write: unreadable, so already stale
+        except ValueError:  # unreadable: stale once older than GRACE
+            old = time.time() - GRACE - 1
+            os.utime(lock, (old, old))
             return
         held["pid"] = dead_pid()
         lock.write_text(json.dumps(held))
@@ -146,7 +150,7 @@ def test_recover_retention_finishes_the_started_serial(tmp_path):
     incomplete) and never touches a complete one."""
     root = numbered_dirs(tmp_path / "run")
     before = snapshot(root)
-    fs = FaultyFS(fsspec.filesystem("file"), fail_at=9, crash=True)
+    fs = FaultyFS(fsspec.filesystem("file"), fail_at=11, crash=True)  # after the lock: 4 calls
     cat = faulty_catalog(root, fs, "numbered")
     plan = cat.plan_retention(keep_last=1)
     assert plan["action"].tolist() == ["delete", "delete", "keep"]

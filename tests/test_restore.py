@@ -15,9 +15,14 @@ import pytest
 from conftest import corpus_path
 
 import ckptview as cv
+from ckptview import registry
+from ckptview.catalog import Catalog
 from ckptview.changes.journal import read_journal
 from ckptview.changes.lock import TreeLock, TreeLockedError
+from ckptview.io import Storage
 from ckptview.layouts.tf import format_state, parse_state
+from ckptview.testing import FaultyFS, InjectedFault
+from ckptview.tree import Tree
 
 
 def copy_corpus(rel: str, dest: Path) -> Path:
@@ -208,6 +213,66 @@ def test_lock_is_exclusive_on_memory_fs():
             TreeLock(fs, "/locktest").acquire()
     assert not fs.exists("/locktest/.ckptview/lock")
     fs.rm("/locktest", recursive=True)
+
+
+def test_restore_plans_under_the_lock(tmp_path):
+    """A catalog read before another restore ran: its restore is planned from the tree as it
+    is once it holds the lock (the next free serial), not from its stale view."""
+    root = copy_corpus("paddle/fluid_ckpt", tmp_path / "fluid")
+    first, second = cv.open(root), cv.open(root)
+    assert list(second.serials.index) == [0, 1, 2, 3]  # read before the first restore
+    assert first.restore(0).new_serial == 4
+    result = second.restore(1)
+    assert result.done and result.new_serial == 5
+    assert result.ops["path"].str.startswith("checkpoint_5/").all()
+    now = cv.open(root)
+    assert now.latest == 5 and now.serials.loc[[4, 5], "complete"].all()
+    assert_same_values(now, 0, now, 4)
+    assert_same_values(now, 1, now, 5)
+
+
+class _Intruder(FaultyFS):
+    """Records every mutating call; call ``fail_at`` fails (once) right after another writer
+    put a file of its own into the directory being restored."""
+
+    def __init__(self, fs, fail_at=None, intrude=None):
+        super().__init__(fs, fail_at, crash=False)
+        self.intrude, self.calls_seen = intrude, []
+
+    def _should_fail(self, what: str) -> bool:
+        self.calls_seen.append(what)
+        hit = super()._should_fail(what)
+        if hit and self.intrude is not None:
+            self.intrude.parent.mkdir(parents=True, exist_ok=True)
+            self.intrude.write_bytes(b"another writer's file")
+        return hit
+
+
+def test_rollback_removes_only_what_the_run_wrote(tmp_path):
+    """A restore that fails removes the files it wrote and the directories it made only once
+    empty: a file another writer put there meanwhile survives."""
+    layout = registry.get_layout("paddle-fluid")
+    count = copy_corpus("paddle/fluid_ckpt", tmp_path / "count")
+    counter = _Intruder(fsspec.filesystem("file"))
+    Catalog(Tree.at(Storage(counter), str(count)), layout).restore(1)
+    last_marker = max(i for i, what in enumerate(counter.calls_seen)
+                      if what.startswith("open ") and "/.ckptview/tmp/" in what)  # fmt: skip
+    root = copy_corpus("paddle/fluid_ckpt", tmp_path / "fluid")
+    before = snapshot(root)
+    foreign = root / "checkpoint_4/__model__/written_by_someone_else"
+    fs = _Intruder(fsspec.filesystem("file"), fail_at=last_marker + 1, intrude=foreign)
+    with pytest.raises(InjectedFault):
+        Catalog(Tree.at(Storage(fs), str(root)), layout).restore(1)
+    assert foreign.read_bytes() == b"another writer's file"
+    now = snapshot(root)
+    del now["checkpoint_4/__model__/written_by_someone_else"]
+    assert now == before  # every file the run wrote is gone
+    assert not any((root / "checkpoint_4").glob("**/_SUCCESS"))
+    events = journal_events(str(root))
+    kept = [e["path"] for e in events if e["event"] == "rollback" and e.get("kept")]
+    assert kept == [str(root / "checkpoint_4/__model__"), str(root / "checkpoint_4")]
+    assert not (root / "checkpoint_4/trainer_0").exists()  # made by the run, emptied: removed
+    assert not cv.open(root).serials.loc[4, "complete"]
 
 
 def test_values_survive_roundtrip_via_numpy(tmp_path):

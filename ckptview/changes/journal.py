@@ -17,7 +17,8 @@ Object stores (S3, GCS, Azure, memory://) - what is and is not atomic there:
   instead; a crash mid-``mv`` leaves objects in both places, which recovery cleans up.
 * Append is not supported: each journal record rewrites the journal object (read, then
   write). Two writers could lose a record - the lock keeps writers apart.
-* The lock: see :mod:`.lock` (atomic where the store has exclusive create).
+* The lock: see :mod:`.lock` (atomic on local disks and S3: exclusive create with the
+  payload in one step, compare-and-swap to break a stale lock).
 """
 
 from __future__ import annotations

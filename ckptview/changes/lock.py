@@ -1,24 +1,32 @@
-"""The tree's change lock: ``<root>/.ckptview/lock``.
+"""The tree's change lock: ``<root>/.ckptview/lock``, a small JSON file (pid, host, time,
+what, a random token) that exists exactly while a change runs.
 
-Created with exclusive create (``open(..., "xb")``) holding pid, host, time and a token. A
-lock is *stale* when its host is this host and its pid is gone; a stale lock is broken (and
-journaled). A lock from another host or a live pid refuses the change with
-:class:`TreeLockedError`; :func:`break_lock` (CLI ``--break-lock``) removes it by hand.
+The protocol (each step atomic on local disks and S3; :mod:`.lockstore` says how):
 
-On object stores: s3fs (>= 2024.12, botocore > 1.35.20) implements ``"xb"`` as a conditional
-PUT (``If-None-Match: *``), which AWS S3 (and moto) honor: taking the lock is then atomic; a
-lost race comes back as HTTP 412 (an ``OSError``) which we report as the lock being held.
-Stores or versions without exclusive create raise ``NotImplementedError``/``ValueError`` for
-``"xb"``: we fall back to check-then-write, which is *not* atomic (two processes starting
-within the same round trip may both believe they hold the lock; the token in the lock file
-lets each detect the loss only at release). Run one writer per tree there. Staleness uses
-pid + host; on an object store a lock from another host is never judged stale: remove it
-with ``--break-lock`` once you know its process is gone.
+1. **Take**: create the lock *with its payload* in one step that fails if it exists
+   (locally: a temp file hard-linked into place; S3: ``PutObject`` with
+   ``If-None-Match: *``). Nobody ever reads an empty or half-written lock of ours.
+2. **Look**: it exists - read it. Gone meanwhile: back to 1. A live holder (another host,
+   or a pid that still runs here) refuses with :class:`TreeLockedError`. An unreadable lock
+   (written by something else, or torn) counts as held while younger than :data:`GRACE`
+   seconds, stale after.
+3. **Break** a stale lock (its host is this one and its pid is gone): replace it with ours
+   *only if it is still byte for byte the lock judged stale* (compare-and-swap: locally a
+   rename over it under an ``flock`` that every breaker and releaser takes; S3: ``PutObject``
+   with ``If-Match: <ETag read>``). Another breaker got there first: back to 1. The break is
+   journaled (``lock_broken``). At most :data:`ATTEMPTS` rounds, then refuse.
+4. **Release**: delete the lock only if it still holds our token (compare-and-delete).
+
+So two processes never both hold a tree's lock: creation is exclusive, and a lock is only
+ever replaced by one breaker, after its holder is gone. A lock from another host is never
+judged stale: remove it with :func:`break_lock` (CLI ``--break-lock``) once you know its
+process is gone. Stores other than local disks and S3 (GCS, Azure, memory://): creation is
+exclusive where fsspec offers ``"xb"`` (check-then-write otherwise), breaking and releasing
+are check-then-act - run one writer per tree there.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import socket
@@ -27,6 +35,12 @@ from typing import Any
 
 from ..model import META_DIR
 from .journal import Journal, join_path, now
+from .lockstore import Seen, store_for
+
+#: seconds an unreadable lock counts as held (someone may be writing it non-atomically)
+GRACE = 30.0
+#: rounds of take / look / break before giving up (each lost round means the lock changed)
+ATTEMPTS = 6
 
 
 class TreeLockedError(RuntimeError):
@@ -36,12 +50,15 @@ class TreeLockedError(RuntimeError):
 class TreeLock:
     """The tree's change lock (see the module docstring); a context manager."""
 
-    def __init__(self, fs: Any, root: str, what: str = "change"):
+    def __init__(self, fs: Any, root: str, what: str = "change", journal: Journal | None = None):
         self.fs = fs
+        self.journal = journal  # where a broken stale lock is journaled (default: its own op)
+        self.root = root
         self.path = join_path(root, f"{META_DIR}/lock")
         self.what = what
         self.token = uuid.uuid4().hex
         self.broken: dict | None = None  # the stale lock this one replaced
+        self.store = store_for(fs)
 
     def _payload(self) -> bytes:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "time": now(),
@@ -49,56 +66,33 @@ class TreeLock:
         return json.dumps(info).encode()
 
     def holder(self) -> dict | None:
-        try:
-            return json.loads(self.fs.cat_file(self.path))
-        except FileNotFoundError:
-            return None
-        except ValueError:
-            return {"pid": None, "host": None, "time": None}
+        """What the lock says (``unreadable``/``age`` when it cannot be parsed), or None."""
+        seen = self.store.read(self.path)
+        return None if seen is None else parse(seen)
 
     def acquire(self) -> TreeLock:
-        self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
-        for _ in range(2):
-            try:
-                self._create()
+        if self.store.needs_dirs:
+            self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
+        payload = self._payload()
+        for _ in range(ATTEMPTS):
+            if self.store.create(self.path, payload):
                 return self
-            except FileExistsError:
-                held = self.holder()
-                if held is None:
-                    continue
-                if not is_stale(held):
-                    raise TreeLockedError(
-                        f"tree locked by pid {held.get('pid')} on {held.get('host')} since "
-                        f"{held.get('time')} ({held.get('what')}); if that process is gone, "
-                        f"remove {self.path} (ckptview ... --break-lock)"
-                    ) from None
+            seen = self.store.read(self.path)
+            if seen is None:
+                continue  # released meanwhile
+            held = parse(seen)
+            if not is_stale(held):
+                raise TreeLockedError(_refusal(held, self.path))
+            if self.store.swap(self.path, seen, payload):
                 self.broken = held
-                self.fs.rm_file(self.path)
-        raise TreeLockedError(f"could not take the lock {self.path}")
-
-    def _create(self) -> None:
-        try:
-            with self.fs.open(self.path, "xb") as f:
-                f.write(self._payload())
-        except FileExistsError:
-            raise
-        except OSError as e:  # s3fs: a conditional PUT that lost the race: HTTP 412, EINVAL
-            if e.errno != errno.EINVAL:
-                raise
-            self.fs.invalidate_cache(self.path)
-            if self.fs.exists(self.path):
-                raise FileExistsError(self.path) from None
-            raise
-        except (NotImplementedError, ValueError):  # no exclusive create: check, then write
-            if self.fs.exists(self.path):
-                raise FileExistsError(self.path) from None
-            with self.fs.open(self.path, "wb") as f:
-                f.write(self._payload())
+                (self.journal or Journal(self.fs, self.root)).write("lock_broken", holder=held)
+                return self
+        raise TreeLockedError(f"could not take the lock {self.path}: it kept changing hands")
 
     def release(self) -> None:
-        held = self.holder()
-        if held and held.get("token") == self.token:
-            self.fs.rm_file(self.path)
+        seen = self.store.read(self.path)
+        if seen is not None and parse(seen).get("token") == self.token:
+            self.store.remove(self.path, seen)
 
     def __enter__(self) -> TreeLock:
         return self.acquire()
@@ -107,10 +101,36 @@ class TreeLock:
         self.release()
 
 
+def parse(seen: Seen) -> dict:
+    """A lock's payload; ``{"unreadable": True, "age": …}`` when it is not one."""
+    try:
+        held = json.loads(seen.raw)
+        if isinstance(held, dict) and "token" in held:
+            return held
+    except ValueError:
+        pass
+    return {"pid": None, "host": None, "time": None, "unreadable": True, "age": seen.age}
+
+
+def _refusal(held: dict, path: str) -> str:
+    if held.get("unreadable"):
+        age = held.get("age")
+        since = f"{age:.0f} s ago" if age is not None else "at an unknown time"
+        return (f"tree locked: {path} was written {since} and cannot be read yet (held for "
+                f"{GRACE:.0f} s); if no change runs, remove it (ckptview ... --break-lock)")  # fmt: skip
+    return (f"tree locked by pid {held.get('pid')} on {held.get('host')} since "
+            f"{held.get('time')} ({held.get('what')}); if that process is gone, "
+            f"remove {path} (ckptview ... --break-lock)")  # fmt: skip
+
+
 def is_stale(held: dict) -> bool:
-    """A lock whose process is gone: same host and the pid no longer runs."""
+    """A lock whose process is gone (same host, the pid no longer runs), or one that has
+    been unreadable for longer than :data:`GRACE` seconds."""
+    if held.get("unreadable"):
+        age = held.get("age")
+        return age is not None and age > GRACE
     if held.get("host") != socket.gethostname() or not held.get("pid"):
-        return held.get("pid") is None and held.get("host") is None  # unreadable lock
+        return False
     try:
         import psutil  # an optional dependency (the tests'): os.kill below otherwise
 
@@ -118,9 +138,11 @@ def is_stale(held: dict) -> bool:
     except ImportError:  # pragma: no cover - psutil is a test dependency
         try:
             os.kill(int(held["pid"]), 0)
-            return False
-        except OSError:
+        except ProcessLookupError:
             return True
+        except OSError:  # EPERM: it runs, as another user
+            return False
+        return False
 
 
 def break_lock(fs: Any, root: str) -> dict | None:

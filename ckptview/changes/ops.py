@@ -43,9 +43,11 @@ def describe(op: Op) -> dict:
 class OpRunner:
     """Runs Ops against ``fs`` at ``root`` (sources read from ``src_fs``), journaling each.
 
-    ``rollback=True`` (restore): after a failure the files and dirs it created are removed
-    again, newest first (commit markers were written last, so they go first). Deletions are
-    never rolled back.
+    ``rollback=True`` (restore): after a failure the files *this run wrote* are removed
+    again, newest first (commit markers were written last, so they go first), then the
+    directories it created, deepest first, each only once empty - never a directory wholesale,
+    which could hold files someone else wrote. Each removal is journaled (``rollback``).
+    Files replaced in place (``replace``: state files) and deletions are not rolled back.
     """
 
     def __init__(self, fs: Any, root: str, src_fs: Any = None, journal: Journal | None = None,
@@ -55,7 +57,8 @@ class OpRunner:
         self.src_fs = src_fs or fs
         self.journal = journal or Journal(fs, root)
         self.progress = progress
-        self.created: list[tuple[str, str]] = []  # (kind, absolute path)
+        self.written: list[str] = []  # absolute paths of files this run wrote, oldest first
+        self.made: list[str] = []  # absolute paths of directories this run created
         self._tmp_made = False
 
     def abs(self, rel: str) -> str:
@@ -84,7 +87,7 @@ class OpRunner:
                 missing.append(parent)
                 parent = parent.rsplit("/", 1)[0]
             self.fs.makedirs(missing[0], exist_ok=True)
-            self.created += [("dir", p) for p in reversed(missing)]
+            self.made += reversed(missing)
 
     def _tmp(self, rel: str) -> str:
         name = rel.rsplit("/", 1)[-1]
@@ -102,20 +105,23 @@ class OpRunner:
             if atomic and not self._tmp_made:
                 self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
                 self._tmp_made = True
+            self.written.append(target)
             self._write(op, target)
             if atomic:
                 self.fs.mv(target, dest)
-            if not existed:
-                self.created.append(("file", dest))
+                self.written.pop()
+                if not existed:
+                    self.written.append(dest)
         elif op.kind == "rename":
             src = self.abs(op.src or "")
             replace = self.fs.exists(dest)
             if replace and self.fs.isdir(dest):
                 raise FileExistsError(f"refusing to replace directory {dest}")
             self._parents(dest)
-            self.fs.mv(src, dest, recursive=self.fs.isdir(src))
+            moved_dir = self.fs.isdir(src)
+            self.fs.mv(src, dest, recursive=moved_dir)
             if not replace:
-                self.created.append(("dir" if self.fs.isdir(dest) else "file", dest))
+                self._moved(src, dest, moved_dir)
         elif op.kind == "delete":
             if self.fs.exists(dest):
                 self.fs.rm_file(dest)
@@ -138,16 +144,37 @@ class OpRunner:
                     if self.progress:
                         self.progress(len(block))
 
+    def _moved(self, src: str, dest: str, moved_dir: bool) -> None:
+        """What this run wrote or made under ``src`` is now under ``dest``."""
+
+        def move(path: str) -> str:
+            if path == src:
+                return dest
+            return dest + path[len(src) :] if moved_dir and path.startswith(src + "/") else path
+
+        self.written = [move(p) for p in self.written]
+        made = [move(p) for p in self.made]
+        self.made = made + ([dest] if moved_dir and dest not in made else [])
+
     def _rollback(self) -> None:
-        for kind, path in reversed(self.created):
-            try:
-                self.journal.write("rollback", path=path)
-                if kind == "file":
-                    self.fs.rm_file(path)
-                elif not self.fs.ls(path):
-                    self.fs.rmdir(path)
-                else:
-                    self.fs.rm(path, recursive=True)
-            except Exception:  # noqa: BLE001 - best effort: the journal shows what is left
-                continue
-        self.created = []
+        for path in reversed(self.written):
+            self._undo("file", path)
+        for path in sorted(set(self.made), key=lambda p: -p.count("/")):
+            self._undo("dir", path)
+        self.written, self.made = [], []
+
+    def _undo(self, kind: str, path: str) -> None:
+        """Remove a file this run wrote, or a directory it made if nothing is left in it."""
+        try:
+            if not self.fs.exists(path):
+                return
+            if kind == "dir" and self.fs.ls(path):
+                self.journal.write("rollback", path=path, kind=kind, kept="not empty")
+                return
+            self.journal.write("rollback", path=path, kind=kind)
+            if kind == "file":
+                self.fs.rm_file(path)
+            else:
+                self.fs.rmdir(path)
+        except Exception:  # noqa: BLE001 - best effort: the journal shows what is left
+            return

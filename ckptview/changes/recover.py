@@ -3,7 +3,8 @@
 An operation with a ``begin`` and no ``end`` in the journal was cut short (a crash, a kill, a
 failure whose own clean-up did not finish). Each ``begin`` carries the whole plan, so recovery
 knows every path the operation meant to touch: an interrupted restore is rolled back (the
-files it created are removed; restore never overwrites, so nothing that existed before is
+files its plan wrote are removed - a renamed directory file by file, never wholesale -, then
+the directories left empty; restore never overwrites, so nothing that existed before is
 touched, and never a file of a complete serial other than the one being restored) unless its
 last step (the commit: final marker, rename into place, pointer) took effect, in which case
 it is finished and kept; an interrupted retention finishes deleting the serial it had started
@@ -26,6 +27,7 @@ from ..scan.core import Scan
 from ..scan.detect import detect, list_tree
 from .journal import Journal, join_path, journal_path, open_root, read_journal
 from .lock import TreeLock, is_stale
+from .lockstore import TEMP_SUFFIX
 from .ops import OpRunner, describe, ops_frame
 from .result import ChangeResult
 from .status import needs_recovery, operations
@@ -118,15 +120,17 @@ class _Fixer:
                 if step.get("replace") and i != len(plan) - 1:
                     kept.append(step["path"])
                 continue
-            if step["kind"] in ("copy", "write", "rename"):
+            if step["kind"] in ("copy", "write"):
                 self.doom(self.abs(step["path"]))
-            if step["kind"] == "rename" and step.get("src"):
-                self.doom(self.abs(step["src"]))
+            elif step["kind"] == "rename":  # only the files the plan wrote, on either side
+                for staged, moved in _renamed_files(plan, i):
+                    self.doom(self.abs(moved))
+                    self.doom(self.abs(staged))
         for i, step in enumerate(plan):  # a staging dir made by a step never reached
             src = step.get("src") or ""
             if i not in reached and step["kind"] == "rename" and src:  # noqa: SIM102
                 if not src.startswith(META_DIR + "/") and self.exists(src):
-                    self.doom(self.abs(src))
+                    self.dirs.add(self.abs(src))  # removed once emptied
         spared = self._spare(begin.get("new_serial"))
         what = f"rolled back ({len(reached)} of {len(plan)} steps had started)"
         if spared:
@@ -196,6 +200,8 @@ class _Fixer:
         if self.fs.exists(tmp) and self.fs.ls(tmp):  # an empty tmp dir is no leftover
             self.doom(tmp)
             self.dirs.discard(self.abs(META_DIR))
+        for temp in self.fs.glob(self.abs(f"{META_DIR}/lock.*{TEMP_SUFFIX}")):
+            self.doomed[temp] = None  # a lock's temp file, left by a kill before its link
 
     def ops(self) -> list[Op]:
         out = [Op("delete", self.rel(f), nbytes=self._size(f), note="recover")
@@ -255,10 +261,8 @@ def recover(url: str | os.PathLike, dry_run: bool = False,
         fixer, _ = work()
         return RecoverResult(target=url, ops=ops_frame(fixer.ops()), outcomes=fixer.outcomes,
                              dry_run=True, done=False, lock=TreeLock(fs, root).holder())  # fmt: skip
-    with TreeLock(fs, root, "recover") as lock:
-        journal = Journal(fs, root)
-        if lock.broken:
-            journal.write("lock_broken", holder=lock.broken)
+    journal = Journal(fs, root)
+    with TreeLock(fs, root, "recover", journal) as lock:  # a broken stale lock: journaled
         fixer, _ = work()
         ops = fixer.ops()
         if not ops and not fixer.outcomes and not lock.broken:
@@ -271,6 +275,18 @@ def recover(url: str | os.PathLike, dry_run: bool = False,
         journal.write("end", action="recover")
     return RecoverResult(target=url, ops=ops_frame(ops), outcomes=fixer.outcomes, dry_run=False,
                          done=True, lock=lock.broken)  # fmt: skip
+
+
+def _renamed_files(plan: list[dict], i: int) -> list[tuple[str, str]]:
+    """(where written, where renamed to) of the files plan step ``i`` (a rename) moved that
+    earlier steps of the plan wrote: never anything else in a renamed directory."""
+    src, dest = plan[i].get("src") or "", plan[i]["path"]
+    out = []
+    for step in plan[:i]:
+        path = step["path"]
+        if step["kind"] in ("copy", "write") and (path == src or path.startswith(src + "/")):
+            out.append((path, dest + path[len(src) :]))
+    return out
 
 
 @dataclass(kw_only=True)

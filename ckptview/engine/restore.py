@@ -39,41 +39,65 @@ class RestoreResult(ChangeResult):
 def restore(scan: Scan, serial: int, to: str | os.PathLike | None = None, dry_run: bool = False,
             storage_options: dict | None = None, force: bool = False,
             progress: Callable[[int], None] | None = None) -> RestoreResult:  # fmt: skip
-    """Copy ``serial`` to ``to`` as a resumable tree, or promote it in place (never deletes)."""
+    """Copy ``serial`` to ``to``, or promote it in place (never deletes). The plan that runs
+    is made under the tree's lock from the tree as it is then (another change may have
+    finished since ``scan`` was read)."""
     if to is not None:
         dest, root = Storage.from_url(os.fspath(to), storage_options)
         return export_to(scan, serial, dest.fs, root, dry_run, force, progress)
     serial = _checked(scan, serial, force)
+    if dry_run:
+        return _promotion(scan, serial, dry_run=True)[0]
+    fs, root = scan.storage.fs, scan.tree.root
+    journal = Journal(fs, root)
+    with TreeLock(fs, root, f"restore {serial}", journal):
+        scan.refresh()  # plan from the tree as it is now that no other change can run
+        try:
+            result, ops = _promotion(scan, _checked(scan, serial, force), dry_run=False)
+            if not result.done:
+                _run(scan, journal, root, ops, result, progress)
+        finally:
+            scan.refresh()
+    return result
+
+
+def _promotion(scan: Scan, serial: int, dry_run: bool) -> tuple[RestoreResult, list[Op]]:
+    """The plan promoting ``serial`` in place (done already when it is the resume point)."""
     if scan.latest == serial:
         return RestoreResult(serial=serial, target=scan.url, new_serial=serial, dry_run=dry_run,
                              done=not dry_run,
-                             message="already the serial the framework resumes from")  # fmt: skip
+                             message="already the serial the framework resumes from"), []  # fmt: skip
     layout, info = scan.layout, scan.serial_info(serial)
     ops = layout.promote_ops(scan.tree, scan.tree_scan, info)
     new_serial = layout.promoted_serial(scan.tree, scan.tree_scan, info)
-    result = RestoreResult(serial=serial, target=scan.url, new_serial=new_serial,
-                           ops=ops_frame(ops), dry_run=dry_run, done=False)  # fmt: skip
-    if not dry_run:
-        run_change(scan, scan.storage.fs, scan.tree.root, ops, result, progress)
-        scan.refresh()
-    return result
+    return RestoreResult(serial=serial, target=scan.url, new_serial=new_serial,
+                         ops=ops_frame(ops), dry_run=dry_run, done=False), ops  # fmt: skip
 
 
 def export_to(scan: Scan, serial: int, fs: Any, root: str, dry_run: bool = False,
               force: bool = False,
               progress: Callable[[int], None] | None = None) -> RestoreResult:  # fmt: skip
-    """Copy ``serial`` into the tree at ``root`` of filesystem ``fs``."""
+    """Copy ``serial`` into the tree at ``root`` of filesystem ``fs`` (checked for clashes
+    under that tree's lock)."""
     serial = _checked(scan, serial, force)
     ops = scan.layout.export_ops(scan.tree, scan.tree_scan, scan.serial_info(serial))
-    clash = [o.path for o in ops if not o.replace and fs.exists(_join(root, o.path))]
-    if clash:
-        raise FileExistsError(f"{root} already holds {clash[0]} (restore never overwrites)")
     url = Storage(fs).url(root)
     result = RestoreResult(serial=serial, target=url, new_serial=serial, ops=ops_frame(ops),
                            dry_run=dry_run, done=False)  # fmt: skip
-    if not dry_run:
-        run_change(scan, fs, root, ops, result, progress)
+    if dry_run:
+        _refuse_clash(fs, root, ops)
+        return result
+    journal = Journal(fs, root)
+    with TreeLock(fs, root, f"restore {serial}", journal):
+        _refuse_clash(fs, root, ops)
+        _run(scan, journal, root, ops, result, progress)
     return result
+
+
+def _refuse_clash(fs: Any, root: str, ops: list[Op]) -> None:
+    clash = [o.path for o in ops if not o.replace and fs.exists(_join(root, o.path))]
+    if clash:
+        raise FileExistsError(f"{root} already holds {clash[0]} (restore never overwrites)")
 
 
 def _checked(scan: Scan, serial: int, force: bool) -> int:
@@ -89,17 +113,17 @@ def _checked(scan: Scan, serial: int, force: bool) -> int:
     return serial
 
 
-def run_change(scan: Scan, fs: Any, root: str, ops: list[Op], result: RestoreResult,
-               progress: Callable[[int], None] | None) -> None:  # fmt: skip
-    """Run a restore's ops under the target tree's lock, journaled, rolled back on failure."""
-    journal = Journal(fs, root)
-    with TreeLock(fs, root, f"restore {result.serial}"):
-        journal.write("begin", action="restore", serial=result.serial, source=scan.url,
-                      target=result.target, new_serial=result.new_serial, steps=len(ops),
-                      plan=[describe(o) for o in ops])  # fmt: skip
-        runner = OpRunner(fs, root, src_fs=scan.storage.fs, journal=journal, progress=progress)
-        runner.run(ops, rollback=True)
-        journal.write("end", action="restore", serial=result.serial, new_serial=result.new_serial)
+def _run(scan: Scan, journal: Journal, root: str, ops: list[Op], result: RestoreResult,
+         progress: Callable[[int], None] | None) -> None:  # fmt: skip
+    """Run a restore's ops (the caller holds the target tree's lock), journaled, rolled back
+    on failure (only what this run wrote: :class:`~ckptview.changes.ops.OpRunner`)."""
+    fs = journal.fs
+    journal.write("begin", action="restore", serial=result.serial, source=scan.url,
+                  target=result.target, new_serial=result.new_serial, steps=len(ops),
+                  plan=[describe(o) for o in ops])  # fmt: skip
+    runner = OpRunner(fs, root, src_fs=scan.storage.fs, journal=journal, progress=progress)
+    runner.run(ops, rollback=True)
+    journal.write("end", action="restore", serial=result.serial, new_serial=result.new_serial)
     result.done = True
 
 

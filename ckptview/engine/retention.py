@@ -167,13 +167,16 @@ def apply_retention(scan: Scan, plan: pd.DataFrame,
     ``slim``; returns a :class:`RetentionResult` (``.deleted``: serial, action, path, nbytes
     freed, steps; ``.ops``: every step run).
 
-    A slim first records the serial in ``.ckptview/slimmed.json`` (from then on it is no
-    resume point), then deletes its optimizer files: killed in between, the serial is marked
-    slimmed with its files still there, never a resume point missing its optimizer state."""
+    The plan is checked (:func:`check_plan`) against the tree rescanned under its lock, and
+    each serial's delete ops are made there: a change that finished since the plan refuses
+    it (:class:`TreeChangedError`). A slim first records the serial in
+    ``.ckptview/slimmed.json`` (from then on it is no resume point), then deletes its
+    optimizer files: killed in between, the serial is marked slimmed with its files still
+    there, never a resume point missing its optimizer state."""
     fs, root = scan.storage.fs, scan.tree.root
     journal = Journal(fs, root)
     done, steps = [], []
-    with TreeLock(fs, root, "retention"):
+    with TreeLock(fs, root, "retention", journal):
         scan.refresh()
         doomed = check_plan(scan, plan)
         layout, tree, found = scan.layout, scan.tree, scan.tree_scan
