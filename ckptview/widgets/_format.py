@@ -104,9 +104,10 @@ def fmt_shape(shape) -> str:
 def badge(status: str) -> str:
     """An HTML chip for a status word (used with Tabulator's ``html`` formatter)."""
     color = STATUS_COLORS.get(status, "#455a64")
+    word = html_text(status)
     return (
-        f'<span class="cv-badge cv-{status}" style="background:{color};color:white;'
-        f'border-radius:8px;padding:1px 8px;font-size:12px">{status}</span>'
+        f'<span class="cv-badge cv-{word}" style="background:{color};color:white;'
+        f'border-radius:8px;padding:1px 8px;font-size:12px">{word}</span>'
     )
 
 
