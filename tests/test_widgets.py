@@ -259,6 +259,16 @@ def test_build_app_renders(demo):
     assert model is not None
 
 
+def test_a_tree_that_cannot_be_catalogued_is_an_error_on_the_page(demo, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "README.md").write_text("no checkpoint here")
+    page = build_app([str(notes), str(demo.root)], isolate=True)
+    shown = [p.object for p in page.main if isinstance(getattr(p, "object", None), str)]
+    assert any("UnknownTreeError" in s and "notes" in s for s in shown), shown
+    assert page.get_root() is not None  # the page is served, with the other tree
+
+
 # -- sizes sort by bytes; readable column sets -----------------------------------------------------
 def test_size_columns_hold_bytes_so_they_sort_by_size(cat):
     table = SerialsTable(cat, poll_seconds=0)
