@@ -6,6 +6,7 @@ changed. Expected values are computed from the catalogs, not from the page.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -13,10 +14,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import corpus_path
 from playwright.sync_api import Page, expect
@@ -57,19 +61,25 @@ def free_port() -> int:
 
 
 class Server:
-    """``panel serve APP --args URL...`` in a subprocess, stopped by its own pid."""
+    """``panel serve APP --args URL...`` in a subprocess, stopped by its own pid.
+
+    ``hardened``: through ``python -m ckptview.widgets`` (what ``ckptview serve`` runs: the same
+    arguments, plus the Host check and the Content-Security-Policy), else plain ``panel serve``.
+    """
 
     def __init__(self, urls: list[str], allow_write: bool = False, extra: list[str] = (),
-                 app_args: list[str] = (), timeout: float = 120):  # fmt: skip
+                 app_args: list[str] = (), timeout: float = 120,
+                 hardened: bool = True, env: dict | None = None):  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/{APP.stem}"
-        cmd = [sys.executable, "-m", "panel", "serve", str(APP), "--port", str(self.port),
+        serve = ["ckptview.widgets"] if hardened else ["panel", "serve"]
+        cmd = [sys.executable, "-m", *serve, str(APP), "--port", str(self.port),
                "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{self.port}",
                *extra, "--args", *urls, *(["--allow-write"] if allow_write else []),
                *app_args]  # fmt: skip
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True,
-                                     cwd=ROOT)  # fmt: skip
+                                     cwd=ROOT, env={**os.environ, **(env or {})})  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -243,6 +253,41 @@ def test_compare_shows_a_changed_variable_with_its_numbers(page: Page, writable)
     shot(page, "compare")
 
 
+RECORD_CSP = """document.addEventListener('securitypolicyviolation', (e) =>
+    (window.__csp = window.__csp || []).push(e.effectiveDirective + ' ' + e.blockedURI))"""
+
+
+def test_the_page_works_under_its_content_security_policy(page: Page, writable):
+    """Every tab of the served page (tables with template formatters, plots, Choices, the
+    dialog) runs without a single CSP violation; markup that reaches the page runs nothing."""
+    server, root = writable
+    page.add_init_script(RECORD_CSP)
+    page.goto(server.url)
+    rows = page.locator(".ckptview-serials .tabulator-row")
+    expect(rows.first.locator("[tabulator-field=size]")).to_contain_text("KiB", timeout=WAIT)
+    page.locator(".ckptview-columns .choices").first.click()
+    tab(page, "Compare")
+    page.locator(".ckptview-compare-button button").click()
+    expect(page.locator(".ckptview-diff .tabulator-row").first).to_be_visible(timeout=WAIT)
+    tab(page, "Trajectory")
+    expect(page.locator(".ckptview-trajectory canvas").first).to_be_visible(timeout=WAIT)
+    tab(page, "Retention")
+    page.locator(".ckptview-retention-plan button").click()
+    expect(page.locator(".ckptview-retention-table .tabulator-row").first).to_be_visible(
+        timeout=WAIT
+    )
+    page.locator(".ckptview-retention-delete button").click()
+    expect(page.locator(".ckptview-confirm")).to_contain_text("Delete", timeout=WAIT)
+    page.locator(".ckptview-retention-cancel button").click()
+    assert page.evaluate("window.__csp || []") == []
+    page.evaluate("""() => { const d = document.createElement('div');
+        d.innerHTML = '<img src=x onerror="window.__injected = 1">';
+        document.body.appendChild(d) }""")
+    page.wait_for_timeout(1000)
+    assert page.evaluate("window.__injected") is None
+    assert any(v.startswith("script-src") for v in page.evaluate("window.__csp"))
+
+
 def test_retention_deletes_nothing_before_confirm_and_exactly_the_plan_after(page, writable):
     server, root = writable
     cat = cv.open(root)
@@ -328,6 +373,78 @@ def test_a_url_outside_the_roots_is_refused(page: Page, read_only, tmp_path):
     page.locator(".ckptview-open button").click()
     expect(page.locator(".ckptview-picker-message")).to_contain_text("refused", timeout=WAIT)
     expect(page.locator(".ckptview-runs")).not_to_contain_text(str(outside))
+
+
+def test_storage_options_cannot_leave_the_roots(page: Page, read_only, trees, tmp_path):
+    """The red team's escapes, typed into the page: a ``reference`` filesystem fetching its
+    ``fo`` from a loopback service (SSRF) and a ``simplecache`` writing where the visitor says
+    (on a read-only dashboard). Both are refused before anything is fetched or written."""
+    from test_guard import Recorder
+
+    recorder = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    recorder.paths, recorder.refs = [], {"version": 1, "refs": {}}
+    threading.Thread(target=recorder.serve_forever, daemon=True).start()
+    cache = tmp_path / "visitor-cache"
+    root = str(trees["demo"])
+    attempts = [
+        {"protocol": "reference", "fo": f"http://127.0.0.1:{recorder.server_address[1]}/r"},
+        {"protocol": "simplecache", "target_protocol": "file", "cache_storage": str(cache)},
+    ]
+    try:
+        page.goto(read_only.url)
+        expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+        message = page.locator(".ckptview-picker-message")
+
+        def try_open(url: str, options: dict | None, says: str) -> None:
+            for field, value in ((".ckptview-url", url),
+                                 (".ckptview-storage-options", json.dumps(options or {}))):
+                page.locator(f"{field} input").fill(value)
+                page.locator(f"{field} input").press("Enter")
+            page.locator(".ckptview-open button").click()
+            expect(message).to_contain_text(says, timeout=WAIT)
+
+        for options in attempts:
+            try_open(root, options, "storage option 'protocol' is not accepted")
+            try_open("", None, "no URL given")  # the next message is a new one
+        try_open(f"simplecache::{root}", None, "chained URL")
+    finally:
+        recorder.shutdown()
+        recorder.server_close()
+    assert recorder.paths == [] and not cache.exists()
+    expect(page.locator(".ckptview-runs")).not_to_contain_text("reference")
+
+
+def test_a_parser_crash_costs_one_error_row_not_the_server(page: Page, tmp_path):
+    """A codec plugin whose parser dies by SIGSEGV (and one that asks for 16 GiB), installed
+    for the served app: the files are listed in the server's worker processes, so the page
+    shows the two error rows and the healthy file's tensors, and the server stays up."""
+    from test_isolated import install_plugin
+
+    site = install_plugin(tmp_path / "site")
+    root = tmp_path / "files"
+    root.mkdir()
+    shutil.copyfile(corpus_path("modern/safetensors/single/model.safetensors"),
+                    root / "model.safetensors")  # fmt: skip
+    (root / "boom.crash").write_bytes(b"x")
+    (root / "big.hog").write_bytes(b"x")
+    server = Server([str(root)], env={"PYTHONPATH": str(site)})
+    try:
+        page.goto(server.url)
+        row = page.locator(".ckptview-serials .tabulator-row").first
+        expect(row.locator("[tabulator-field=error]")).to_contain_text("SIGSEGV", timeout=WAIT)
+        expect(row.locator("[tabulator-field=error]")).to_contain_text("big.hog: MemoryError")
+        variables = page.locator(".ckptview-variables")
+        expect(variables).to_contain_text("killed its worker process", timeout=WAIT)
+        assert server.proc.poll() is None  # the server lives on
+        workers = psutil.Process(server.proc.pid).children(recursive=True)
+        assert workers  # the listings ran in child processes
+        page.reload()  # and a new page is served as before
+        expect(row.locator("[tabulator-field=error]")).to_contain_text("SIGSEGV", timeout=WAIT)
+        shot(page, "parser_crash")
+    finally:
+        server.stop()
+    gone, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive  # no worker outlives the server
 
 
 def test_works_behind_basic_auth(page: Page, trees):

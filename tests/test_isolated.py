@@ -41,15 +41,20 @@ class Crashy(Codec):
 '''
 
 
-@pytest.fixture
-def plugin(tmp_path, monkeypatch):
-    site = tmp_path / "site"
+def install_plugin(site):
+    """The crashy codec as an installed distribution in ``site`` (a ``sys.path`` entry)."""
     (site / "crashy-1.0.dist-info").mkdir(parents=True)
     (site / "crashy_codec.py").write_text(PLUGIN)
     (site / "crashy-1.0.dist-info" / "METADATA").write_text("Name: crashy\nVersion: 1.0\n")
     (site / "crashy-1.0.dist-info" / "entry_points.txt").write_text(
         textwrap.dedent("[ckptview.codecs]\ncrashy = crashy_codec:Crashy\n")
     )
+    return site
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    site = install_plugin(tmp_path / "site")
     monkeypatch.syspath_prepend(str(site))  # spawn workers start with the parent's sys.path
     return site
 
@@ -87,3 +92,29 @@ def test_single_file_runs_isolated_too(tmp_path, plugin, executor):
     path.write_bytes(b"x")
     cat = cv.open(str(path), executor=executor, cache=False)
     assert WORKER_DIED in cat.files["error"].iloc[0]
+
+
+def test_value_reads_stay_in_threads(tmp_path):
+    """Stats and trajectories of an isolated catalog read values in the caller's threads: a
+    job sent to a worker would carry the whole scan across the process boundary."""
+
+    class Counting(IsolatedExecutor):
+        submitted = 0
+
+        def submit(self, fn, /, *args, **kwargs):
+            Counting.submitted += 1
+            return super().submit(fn, *args, **kwargs)
+
+    ex = Counting(max_workers=1, context="spawn")
+    try:
+        cat = cv.open(str(corpus_path("modern/torch/run_A")), executor=ex, cache=False)
+        n_files = len(cat.files)
+        listed = Counting.submitted
+        assert listed == n_files  # every file listed by a worker
+        name = cat.variables["name"].iloc[0]
+        plain = cv.open(str(corpus_path("modern/torch/run_A")), cache=False)
+        assert cat.stats(names=[name]).equals(plain.stats(names=[name]))
+        assert list(cat.trajectory(name)) == list(plain.trajectory(name))
+        assert Counting.submitted == listed  # no value read went to a worker
+    finally:
+        ex.shutdown()

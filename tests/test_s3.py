@@ -245,3 +245,28 @@ def test_s3_retention_failure_part_way_and_restore(s3, proxy):
     pd.testing.assert_frame_equal(facts_a[1], facts_b[1])
     name = facts_a[1][facts_a[1]["dtype"] == "float32"]["name"].iloc[0]
     np.testing.assert_array_equal(copy.read(name), cat.read(name, serial=300))
+
+
+def test_a_tree_that_cannot_be_checked_shows_the_error_on_that_tree(s3, proxy):
+    """The dashboard's poll: a tree whose listing is refused (403 on LIST) keeps its last
+    catalog and shows why on its Browse tab; once the listing works again the error goes."""
+    from ckptview.widgets import Workspace
+    from ckptview.widgets.app import Dashboard
+
+    cat = open_s3(s3, s3["urls"]["modern/hf"])
+    serials = list(cat.serials.index)
+    dash = Dashboard(Workspace([cat]), poll_seconds=0)
+    label = dash.run
+
+    def error_notes() -> list[str]:
+        return [p.object for p in dash.browse_area.objects
+                if "ckptview-tree-error" in getattr(p, "css_classes", [])]  # fmt: skip
+
+    assert dash.poll() == [] and error_notes() == []
+    proxy.fail("GET", s3["bucket"], 403, "AccessDenied")  # every listing of the bucket
+    assert dash.poll() == []
+    assert list(dash.workspace.failures) == [label]
+    assert len(error_notes()) == 1 and "PermissionError" in error_notes()[0]
+    assert list(dash.workspace.runs[label].serials.index) == serials  # the last catalog stays
+    proxy.reset()
+    assert dash.poll() == [] and error_notes() == [] and not dash.workspace.failures

@@ -6,9 +6,13 @@ Expected values come from the catalog (or the demo's own arrays), never from the
 from __future__ import annotations
 
 import asyncio
+import html
+import json
+import re
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import corpus_copy, corpus_path
 
@@ -29,7 +33,16 @@ from ckptview.widgets import (
     Workspace,
     build_app,
 )
-from ckptview.widgets._format import human_bytes, serials_frame, streamed_histogram
+from ckptview.widgets._base import table
+from ckptview.widgets._format import (
+    badge,
+    html_choices,
+    human_bytes,
+    md_code,
+    md_text,
+    serials_frame,
+    streamed_histogram,
+)
 from ckptview.widgets.detail import VariableDetail
 
 SERIALS = 6
@@ -246,6 +259,16 @@ def test_build_app_renders(demo):
     assert model is not None
 
 
+def test_a_tree_that_cannot_be_catalogued_is_an_error_on_the_page(demo, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "README.md").write_text("no checkpoint here")
+    page = build_app([str(notes), str(demo.root)], isolate=True)
+    shown = [p.object for p in page.main if isinstance(getattr(p, "object", None), str)]
+    assert any("UnknownTreeError" in s and "notes" in s for s in shown), shown
+    assert page.get_root() is not None  # the page is served, with the other tree
+
+
 # -- sizes sort by bytes; readable column sets -----------------------------------------------------
 def test_size_columns_hold_bytes_so_they_sort_by_size(cat):
     table = SerialsTable(cat, poll_seconds=0)
@@ -264,11 +287,14 @@ def test_hf_serials_show_a_readable_set_of_columns():
     cat = cv.open(corpus_path("modern", "hf"))
     table = SerialsTable(cat, poll_seconds=0)
     metrics = set(cat.metrics["name"])
-    shown = [c for c in table.table.value.columns if c not in table.table.hidden_columns]
+    titles = table.table.titles  # a metric's column is titled by its name
+    shown = [titles.get(c, c) for c in table.table.value.columns
+             if c not in table.table.hidden_columns]  # fmt: skip
     assert len([c for c in shown if c in metrics]) == 2 and "loss" in shown
     assert "nodes" not in shown  # empty on this tree
     table.columns = [*table.columns, "grad_norm"]  # the column chooser
-    assert "grad_norm" not in table.table.hidden_columns
+    hidden = {titles.get(c, c) for c in table.table.hidden_columns}
+    assert "grad_norm" not in hidden and "grad_norm" in metrics
 
 
 # -- live runs ---------------------------------------------------------------------------------------
@@ -432,3 +458,44 @@ def test_timeline_shows_bytes_by_kind():
     data = plot.data
     opt = data[data["kind"] == "optimizer"]["bytes"].tolist()
     assert opt == list(view.catalog.usage()["optimizer"])
+
+
+# -- names from a tree are text on the page ----------------------------------------------------
+HOSTILE = '<img src=x onerror="go()">`*_[link](javascript:go())$x$ &amp;\nline'
+
+
+def test_names_in_markdown_render_as_their_text():
+    import panel as pn
+
+    rendered = pn.pane.Markdown(f"**{md_text(HOSTILE)}** {md_code(HOSTILE)}")
+    out = html.unescape(rendered._transform_object(rendered.object)["object"])
+    shown = html.escape(HOSTILE.replace("\n", " "))  # the literal text, as HTML
+    assert out.count(shown) == 2, out
+    assert "<img" not in out and "<a" not in out and "<em>" not in out
+
+
+def test_html_widgets_get_escaped_labels_and_tables_text_titles():
+    assert html_choices([HOSTILE, "plain"]) == {html.escape(HOSTILE): HOSTILE, "plain": "plain"}
+    assert "<img" not in badge(HOSTILE) and badge("latest").endswith(">latest</span>")
+    defaults = table(pd.DataFrame({HOSTILE: [1]}))._configuration["columnDefaults"]
+    assert defaults["titleFormatter"] == "plaintext" and "textContent" in defaults["tooltip"].js_code
+
+
+CODE = "--x_x--0_0--go('loss')--x_x--0_0--"  # Panel compiles such a string as JavaScript
+
+
+def test_metric_names_are_titles_never_table_fields(tmp_path):
+    root = corpus_copy("modern/hf", tmp_path / "hf")
+    for state in root.glob("checkpoint-*/trainer_state.json"):
+        data = json.loads(state.read_text())
+        data["log_history"][-1][CODE] = 1.0  # Panel's JSCode marker
+        data["log_history"][-1]["val.loss"] = 2.0  # Tabulator reads dots as nesting
+        state.write_text(json.dumps(data))
+    view = SerialsTable(cv.open(root), poll_seconds=0)
+    fields = list(view.table.value.columns)
+    titles = view.table.titles
+    assert CODE in titles.values() and "val.loss" in titles.values()
+    assert all(re.fullmatch(r"[a-z_]+(_\d+)?", f) for f in fields), fields
+    view.columns = [*view.columns, "val.loss"]
+    key = next(f for f, t in titles.items() if t == "val.loss")
+    assert key not in view.table.hidden_columns

@@ -78,8 +78,11 @@ class Scan:
         raise KeyError(f"no serial {serial}; serials: {sorted(s.serial for s in found)}")
 
     def pool(self) -> Executor:
-        """The executor for concurrent reads: the one given, else a shared thread pool."""
-        return self.executor or default_executor()
+        """The executor for concurrent reads (stats, diff): the one given, else a shared
+        thread pool (also when the one given isolates listings only: ``lists_only``)."""
+        if self.executor is None or getattr(self.executor, "lists_only", False):
+            return default_executor()
+        return self.executor
 
     def file_results(self) -> list[FileResult]:
         """Every data file listed (codec, variables, error), in the layout's order."""
@@ -114,7 +117,8 @@ class Scan:
 
     def _run(self, jobs: list[tuple[int, FileRef]]) -> list[FileResult]:
         """List files through the header cache; misses run concurrently on the executor."""
-        return run_listings(self.storage, self.tree, jobs, self.pool(), self.cache, self.progress)
+        executor = self.executor or default_executor()
+        return run_listings(self.storage, self.tree, jobs, executor, self.cache, self.progress)
 
     def __getstate__(self) -> dict:  # picklable for process executors (Dask diff/stats jobs)
         state = self.__dict__.copy()

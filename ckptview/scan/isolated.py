@@ -35,6 +35,9 @@ class IsolatedExecutor(Executor):
     seconds of CPU, replaced when one dies; :meth:`rerun` runs one job in a fresh worker."""
 
     isolates = True  # run_listings sends every job here, even a single one
+    #: stats and diffs read values in threads of the caller (each job here would carry the
+    #: whole scan across the process boundary)
+    lists_only = True
 
     def __init__(self, max_workers: int = 2, memory: int | None = MEMORY_LIMIT,
                  cpu: int | None = CPU_SECONDS, context: str = "forkserver"):  # fmt: skip

@@ -45,13 +45,30 @@ def size_formatter():
     return HTMLTemplateFormatter(template=SIZE_FORMATTER_TEMPLATE)
 
 
+#: a cell's tooltip: its value as text (Tabulator's own ``tooltip: true`` inserts it as HTML)
+TEXT_TOOLTIP = (
+    "function (e, cell) { var v = cell.getValue();"
+    " if (v === null || v === undefined || v === '') return '';"
+    " var tip = document.createElement('div'); tip.textContent = String(v); return tip; }"
+)
+
+
 def table(value: pd.DataFrame, **kwargs) -> pn.widgets.Tabulator:
-    """A read-only Tabulator with the package's defaults (fits the page width)."""
+    """A read-only Tabulator with the package's defaults (fits the page width).
+
+    Titles and tooltips are text (names from a tree are data, never markup); a column holds
+    HTML only where its ``formatters`` entry says ``html`` (the package's own badges).
+    """
+    from panel.io.model import JSCode
+
+    defaults = {
+        "resizable": "header",  # resize from the header only: a click on a row selects it
+        "titleFormatter": "plaintext",  # Tabulator sets titles as HTML otherwise
+        "tooltip": JSCode(TEXT_TOOLTIP),
+    }
     opts = dict(
         show_index=False, disabled=True, layout="fit_data_stretch", sizing_mode="stretch_width",
-        stylesheets=[TABLE_CSS], theme="simple",
-        # resize columns from the header only: a click anywhere on a row selects it
-        configuration={"columnDefaults": {"resizable": "header", "tooltip": True}},
+        stylesheets=[TABLE_CSS], theme="simple", configuration={"columnDefaults": defaults},
     )  # fmt: skip
     opts.update(kwargs)
     return pn.widgets.Tabulator(value, **opts)
@@ -87,19 +104,24 @@ class Workspace(param.Parameterized):
     guard = param.ClassSelector(class_=Guard, doc="roots and write access")
     changed = param.Integer(default=0, doc="bumped after a restore or retention changed a tree")
     grown = param.Integer(default=0, doc="bumped when polling found new or changed serials")
+    executor = param.Parameter(default=None, doc="lists the files of the trees opened here "
+                               "(served: an IsolatedExecutor, so a parser crash is one error row)")
 
     def __init__(self, catalogs=None, guard: Guard | None = None, **params):
         super().__init__(guard=guard or Guard(restrict=False, allow_write=True), **params)
+        #: label -> why the last check of that tree for new serials failed (see :meth:`poll`)
+        self.failures: dict[str, str] = {}
         for item in catalogs or []:
             self.add(item)
 
     def add(self, catalog: cv.Catalog | str | os.PathLike, storage_options=None) -> str:
-        """Open (if a URL) and add a run; URLs outside the guard's roots are refused."""
+        """Open (if a URL) and add a run; trees outside the guard's roots are refused (the URL
+        and options before anything is opened, the opened tree after)."""
         if not isinstance(catalog, cv.Catalog):
-            self.guard.check_url(catalog)
-            catalog = cv.open(catalog, storage_options=storage_options or None)
-        else:
-            self.guard.check_url(catalog.url)
+            self.guard.check_url(catalog, storage_options)
+            catalog = cv.open(catalog, storage_options=storage_options or None,
+                              executor=self.executor)  # fmt: skip
+        self.guard.check_catalog(catalog)
         for label, cat in self.runs.items():
             if cat.url == catalog.url:
                 return label
@@ -108,8 +130,19 @@ class Workspace(param.Parameterized):
         return label
 
     def poll(self) -> list[str]:
-        """Refresh the runs whose trees changed on storage (blocking); their labels."""
-        return [label for label, cat in self.runs.items() if refresh_if_changed(cat)]
+        """Refresh the runs whose trees changed on storage (blocking); their labels.
+
+        A tree whose check or rescan fails keeps its last catalog; why is in ``failures``
+        (the other trees are checked all the same)."""
+        refreshed, failures = [], {}
+        for label, cat in list(self.runs.items()):
+            try:
+                if refresh_if_changed(cat):
+                    refreshed.append(label)
+            except Exception as e:  # noqa: BLE001 - shown on that tree, never fatal
+                failures[label] = f"{type(e).__name__}: {e}"
+        self.failures = failures
+        return refreshed
 
     def touch(self) -> None:
         """Tell the views that a tree changed (they rebuild from the refreshed catalog)."""

@@ -1,11 +1,14 @@
-"""Display helpers shared by the widgets: sizes, statuses and catalog frames for tables.
+"""Display helpers shared by the widgets: sizes, statuses, catalog frames for tables, and the
+escaping of names (a tree's names are data: they reach the page as text, never as markup).
 
 Pure pandas/numpy (no panel import), so they are cheap to unit-test.
 """
 
 from __future__ import annotations
 
+import html
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -31,12 +34,44 @@ STATUS_COLORS = {
 }
 
 
+# -- names on the page: text, never markup ----------------------------------------------------
+_MD_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # ASCII punctuation: escapable in Markdown
+
+
+def html_text(value) -> str:
+    """``value`` as HTML text: for what the browser renders as HTML (option labels of a
+    MultiChoice, Tabulator ``html`` cells)."""
+    return html.escape(str(value), quote=True)
+
+
+def md_text(value) -> str:
+    """``value`` as literal text inside Markdown: every ASCII punctuation character
+    backslash-escaped (no tag, emphasis, link or code span can start), lines joined."""
+    return _MD_PUNCTUATION.sub(r"\\\1", " ".join(str(value).splitlines()))
+
+
+def md_code(value) -> str:
+    """``value`` in code style inside Markdown (a code span cannot hold a backtick safely)."""
+    return f"<code>{md_text(value)}</code>"
+
+
+def md_error(error: BaseException) -> str:
+    """An exception for a Markdown message: its type and its (escaped) text."""
+    return f"{type(error).__name__}: {md_text(error)}"
+
+
+def html_choices(names) -> dict:
+    """Options for a MultiChoice (its dropdown renders labels as HTML): escaped label -> name."""
+    return {html_text(n): n for n in names}
+
+
 def badge(status: str) -> str:
     """An HTML chip for a status word (used with Tabulator's ``html`` formatter)."""
     color = STATUS_COLORS.get(status, "#455a64")
+    word = html_text(status)
     return (
-        f'<span class="cv-badge cv-{status}" style="background:{color};color:white;'
-        f'border-radius:8px;padding:1px 8px;font-size:12px">{status}</span>'
+        f'<span class="cv-badge cv-{word}" style="background:{color};color:white;'
+        f'border-radius:8px;padding:1px 8px;font-size:12px">{word}</span>'
     )
 
 

@@ -14,8 +14,10 @@ import panel as pn
 import param
 
 import ckptview as cv
+from ckptview.scan.isolated import IsolatedExecutor
 
 from ._base import Workspace, in_background, notice
+from ._format import md_code, md_error, md_text
 from .browser import RunBrowser
 from .compare import CompareView
 from .guard import Guard
@@ -58,6 +60,7 @@ class Dashboard(pn.viewable.Viewer):
         workspace.param.watch(self._on_changed, "changed")
         self.tabs.param.watch(lambda e: self._show(), "active")
         self._callback = None
+        self._failures_shown: dict[str, str] = {}
         self._on_runs()
 
     def _on_runs(self, event=None) -> None:
@@ -80,13 +83,17 @@ class Dashboard(pn.viewable.Viewer):
             self.browse_area.objects = [notice("No tree open.", kind="warning")]
             return
         cat = self.workspace.runs[self.run]
+        failed = self.workspace.failures.get(self.run)
+        warning = [notice(f"**{md_text(self.run)}**: could not check the tree for new serials: "
+                          f"{md_text(failed)}", kind="danger", css_classes=["ckptview-tree-error"])
+                   ] if failed else []  # fmt: skip
         try:
             if self.run not in self._browsers:  # the dashboard polls for all of them
                 self._browsers[self.run] = RunBrowser(cat, poll_seconds=0)
-            self.browse_area.objects = [self._browsers[self.run]]
+            self.browse_area.objects = [*warning, self._browsers[self.run]]
         except Exception as e:  # noqa: BLE001 - a tree that cannot be read is shown, not fatal
             self.browse_area.objects = [
-                notice(f"**{self.run}**: {type(e).__name__}: {e}", kind="danger")
+                notice(f"**{md_text(self.run)}**: {md_error(e)}", kind="danger")
             ]
         if TABS[self.tabs.active] != "Trajectory":
             return  # built on first use: it reads values across every serial
@@ -96,7 +103,7 @@ class Dashboard(pn.viewable.Viewer):
             self.trajectory_area.objects = [self._trajectories[self.run]]
         except Exception as e:  # noqa: BLE001
             self.trajectory_area.objects = [
-                notice(f"**{self.run}**: {type(e).__name__}: {e}", kind="danger")
+                notice(f"**{md_text(self.run)}**: {md_error(e)}", kind="danger")
             ]
 
     # -- live runs ------------------------------------------------------------------------------
@@ -112,7 +119,9 @@ class Dashboard(pn.viewable.Viewer):
         stale = [r for r in self._trajectories if r in refreshed]
         for label in stale:  # rebuilt with the new serials when next shown
             del self._trajectories[label]
-        if stale and self.run in stale:
+        failures = dict(self.workspace.failures)
+        if (stale and self.run in stale) or failures != self._failures_shown:
+            self._failures_shown = failures
             self._show()
         if refreshed or new:
             self.workspace.grown += 1
@@ -153,12 +162,19 @@ class Dashboard(pn.viewable.Viewer):
                       sizing_mode="stretch_width")  # fmt: skip
 
 
-def shared_catalog(url: str) -> cv.Catalog:
+def server_executor() -> IsolatedExecutor:
+    """The server's process pool for listing files (one per server process, shared by every
+    session): a parser that crashes or blows up its memory takes down a worker, not the page."""
+    return pn.state.as_cached("ckptview-isolated-executor", IsolatedExecutor)
+
+
+def shared_catalog(url: str, executor=None) -> cv.Catalog:
     """One catalog per tree for the whole server: every browser session shares it (a big tree
-    is catalogued once; ``panel serve --warm`` does it before the first page is asked for)."""
+    is catalogued once; ``panel serve --warm`` does it before the first page is asked for).
+    ``executor`` lists its files (the server's :func:`server_executor`)."""
 
     def load() -> cv.Catalog:
-        cat = cv.open(url)
+        cat = cv.open(url, executor=executor)
         cat.serials  # noqa: B018 - catalogue now, not in the first page's callbacks
         cat.variables  # noqa: B018
         return cat
@@ -166,22 +182,26 @@ def shared_catalog(url: str) -> cv.Catalog:
     return pn.state.as_cached(f"ckptview-catalog:{url}", load)
 
 
-def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 5.0):
+def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 5.0,
+              isolate: bool = False):  # fmt: skip
     """The served page for the trees at ``urls`` (the only roots it will open).
 
     The trees are checked for new serials every ``poll_seconds`` while a page is open (0: off).
+    ``isolate``: their files (and those of trees opened from the page) are listed by the
+    server's :func:`server_executor`, in worker processes with resource limits.
     """
     import panel_material_ui as pmui
 
     pn.extension("tabulator", notifications=True)
-    workspace = Workspace(guard=Guard(roots=list(urls), allow_write=allow_write))
+    executor = server_executor() if isolate else None
+    workspace = Workspace(guard=Guard(roots=list(urls), allow_write=allow_write),
+                          executor=executor)  # fmt: skip
     problems = []
     for url in urls:
         try:
-            workspace.guard.check_url(url)
-            workspace.add(shared_catalog(url))
+            workspace.add(shared_catalog(url, executor))
         except Exception as e:  # noqa: BLE001 - shown on the page
-            problems.append(notice(f"`{url}`: {type(e).__name__}: {e}", kind="danger"))
+            problems.append(notice(f"{md_code(url)}: {md_error(e)}", kind="danger"))
     dashboard = Dashboard(workspace, poll_seconds=poll_seconds)
     if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
         dashboard.start_polling()  # served: tied to this browser session
@@ -229,5 +249,5 @@ def poll_seconds(argv: list[str]) -> float:
 def serve(argv: list[str]):
     """Build the page from ``--args`` and mark it servable (the whole of the app script)."""
     urls, allow_write = parse_args(argv)
-    page = build_app(urls, allow_write=allow_write, poll_seconds=poll_seconds(argv))
+    page = build_app(urls, allow_write=allow_write, poll_seconds=poll_seconds(argv), isolate=True)
     return page.servable(title="ckptview")

@@ -12,7 +12,7 @@ import param
 from ..engine.diff import by_change
 from . import plots
 from ._base import Workspace, as_workspace, in_background, table
-from ._format import badge, fmt_number, fmt_shape, streamed_histogram
+from ._format import badge, fmt_number, fmt_shape, md_code, md_error, md_text, streamed_histogram
 
 SHOWN = ["status", "name", "node", "shape", "rel_l2", "l2", "max_abs", "cosine", "n_changed",
          "numel", "error"]  # fmt: skip
@@ -131,7 +131,8 @@ class CompareView(pn.viewable.Viewer):
         counts = self.diff["status"].value_counts()
         summary = ", ".join(f"{n} {s}" for s, n in counts.items())
         self.heading.object = (
-            f"### {self.run_a}:{self.serial_a} → {self.run_b}:{self.serial_b} · {summary}"
+            f"### {md_text(self.run_a)}:{self.serial_a} → {md_text(self.run_b)}:{self.serial_b} · "
+            f"{summary}"
         )
         self.plots.objects = []
 
@@ -139,7 +140,7 @@ class CompareView(pn.viewable.Viewer):
         try:
             self.show(await in_background(self.body, self.compute))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            self.heading.object = f"**could not compare:** {type(e).__name__}: {e}"
+            self.heading.object = f"**could not compare:** {md_error(e)}"
 
     # -- one variable -----------------------------------------------------------------------
     def _on_select(self, event) -> None:
@@ -153,7 +154,9 @@ class CompareView(pn.viewable.Viewer):
                 node, name, await in_background(self.plots, self.variable_plots, node, name)
             )
         except Exception as e:  # noqa: BLE001 - shown to the user
-            self.plots.objects = [pn.pane.Markdown(f"**could not plot {name}:** {e}")]
+            self.plots.objects = [
+                pn.pane.Markdown(f"**could not plot {md_text(name)}:** {md_error(e)}")
+            ]
 
     def variable_plots(self, node: str, name: str) -> list:
         """Histograms of A, B and B−A, and a heatmap of B−A for 2-D variables."""
@@ -194,14 +197,15 @@ class CompareView(pn.viewable.Viewer):
 
     def _place(self, node: str, name: str, items: list) -> None:
         panes = [pn.pane.HoloViews(p, sizing_mode="stretch_width", backend="bokeh") for p in items]
-        title = pn.pane.Markdown(f"#### `{name}`" + (f" on `{node}`" if node else ""),
+        title = pn.pane.Markdown(f"#### {md_code(name)}" + (f" on {md_code(node)}" if node else ""),
                                  css_classes=["ckptview-diff-variable"])  # fmt: skip
         grid = pn.GridBox(*panes, ncols=2, sizing_mode="stretch_width")
         self.plots.objects = [title, grid]
 
     def __panel__(self):
         pickers = pn.Row(
-            pn.widgets.Select.from_param(self.param.run_a, label="A: run", width=170),
+            pn.widgets.Select.from_param(self.param.run_a, label="A: run", width=170,
+                                         css_classes=["ckptview-run-a"]),
             pn.widgets.Select.from_param(self.param.serial_a, label="A: serial", width=110,
                                          css_classes=["ckptview-serial-a"]),
             pn.widgets.Select.from_param(self.param.run_b, label="B: run", width=170),

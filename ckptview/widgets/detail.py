@@ -11,7 +11,15 @@ from ckptview.dtypes import is_numeric
 
 from . import plots
 from ._base import in_background, table
-from ._format import fmt_number, fmt_shape, human_bytes, streamed_histogram
+from ._format import (
+    fmt_number,
+    fmt_shape,
+    human_bytes,
+    md_code,
+    md_error,
+    md_text,
+    streamed_histogram,
+)
 
 STAT_ORDER = ["min", "max", "mean", "std", "l2", "n_nan", "n_inf", "frac_zero"]
 
@@ -65,19 +73,19 @@ class VariableDetail(pn.viewable.Viewer):
             (v["serial"] == self.serial) & (v["name"] == self.variable) & (v["node"] == self.node)
         ]
         if row.empty:
-            self.info.object = f"No variable `{self.variable}` in serial {self.serial}."
+            self.info.object = f"No variable {md_code(self.variable)} in serial {self.serial}."
             self.button.disabled = True
             return
         r = row.iloc[0]
         err = r["error"] if isinstance(r["error"], str) and r["error"] else None
         self.info.object = "\n\n".join(
             [
-                f"#### `{self.variable}`" + (f" on `{self.node}`" if self.node else ""),
-                f"serial **{self.serial}** · kind **{r['kind']}** · dtype **{r['dtype']}** · "
-                f"shape **{fmt_shape(r['shape'])}** · {int(r['numel']):,} values · "
-                f"{human_bytes(int(r['nbytes']))}",
-                f"file: `{r['file']}`",
-                *([f"**error:** {err}"] if err else []),
+                f"#### {md_code(self.variable)}" + (f" on {md_code(self.node)}" if self.node else ""),
+                f"serial **{self.serial}** · kind **{md_text(r['kind'])}** · "
+                f"dtype **{md_text(r['dtype'])}** · shape **{fmt_shape(r['shape'])}** · "
+                f"{int(r['numel']):,} values · {human_bytes(int(r['nbytes']))}",
+                f"file: {md_code(r['file'])}",
+                *([f"**error:** {md_text(err)}"] if err else []),
             ]
         )
         self.button.disabled = bool(err) or not is_numeric(r["dtype"])
@@ -103,7 +111,7 @@ class VariableDetail(pn.viewable.Viewer):
         try:
             self.show(await in_background(self.body, self.compute))
         except Exception as e:  # noqa: BLE001 - shown to the user, never a dead page
-            self.info.object += f"\n\n**could not compute:** {type(e).__name__}: {e}"
+            self.info.object += f"\n\n**could not compute:** {md_error(e)}"
 
     def __panel__(self):
         return self.body

@@ -8,6 +8,7 @@ import panel as pn
 import param
 
 from ._base import Workspace, as_workspace, in_background
+from ._format import md_code, md_error, md_text
 
 
 class TreePicker(pn.viewable.Viewer):
@@ -31,7 +32,8 @@ class TreePicker(pn.viewable.Viewer):
     def _list(self) -> None:
         runs = self.workspace.runs
         self.runs.object = (
-            "\n".join(f"- **{label}** · {cat.layout} · `{cat.url}`" for label, cat in runs.items())
+            "\n".join(f"- **{md_text(label)}** · {md_text(cat.layout)} · {md_code(cat.url)}"
+                      for label, cat in runs.items())  # fmt: skip
             or "*No tree open.*"
         )
 
@@ -51,9 +53,9 @@ class TreePicker(pn.viewable.Viewer):
     async def _on_open(self, event=None) -> None:
         try:
             label = await in_background(self.button, self.open)
-            self.message.object = f"Opened **{label}**."
+            self.message.object = f"Opened **{md_text(label)}**."
         except Exception as e:  # noqa: BLE001 - refusals and bad trees are shown
-            self.message.object = f"**{type(e).__name__}:** {e}"
+            self.message.object = md_error(e)
 
     def __panel__(self):
         return pn.Column(
@@ -64,6 +66,7 @@ class TreePicker(pn.viewable.Viewer):
             pn.widgets.TextInput.from_param(self.param.storage_options,
                                             label="storage options (JSON)",
                                             placeholder='{"anon": true}',
+                                            css_classes=["ckptview-storage-options"],
                                             sizing_mode="stretch_width"),
             self.button, self.message, self.runs, sizing_mode="stretch_width",
         )  # fmt: skip

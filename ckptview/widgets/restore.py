@@ -7,7 +7,7 @@ import panel as pn
 import param
 
 from ._base import Workspace, as_workspace, in_background, notice, offer_runs, set_notice, table
-from ._format import human_bytes
+from ._format import human_bytes, md_code, md_error, md_text
 
 MODES = {"in place (the framework resumes from it)": "in_place", "copy to URL": "copy",
          "export as safetensors": "export"}  # fmt: skip
@@ -123,7 +123,7 @@ class RestoreView(pn.viewable.Viewer):
             f"; {len(result.skipped)} non-tensor values left out" if len(result.skipped) else ""
         )
         text = (
-            f"**Plan:** export serial **{result.serial}** to `{result.target}` as safetensors — "
+            f"**Plan:** export serial **{result.serial}** to {md_code(result.target)} as safetensors — "
             f"{int(files['n_tensors'].sum())} tensors, {human_bytes(result.nbytes)} in "
             f"{len(files)} file(s){skipped}. Written to a staging directory, renamed last."
         )
@@ -145,13 +145,13 @@ class RestoreView(pn.viewable.Viewer):
             "size": [human_bytes(n) for n in ops["nbytes"]], "note": ops["note"].astype(object),
         }) if len(ops) else pd.DataFrame(columns=["kind", "path", "size", "note"])  # fmt: skip
         self.ops.value = frame
-        where = "in place" if self.mode == "in_place" else f"to `{result.target}`"
+        where = "in place" if self.mode == "in_place" else f"to {md_code(result.target)}"
         text = (
             f"**Plan:** restore serial **{result.serial}** {where} as serial "
             f"**{result.new_serial}** — {len(ops)} steps, {human_bytes(size)} written."
         )
         if result.message:
-            text += f" ({result.message})"
+            text += f" ({md_text(result.message)})"
         if self.force:
             text += "\n\n**Forced:** this serial is incomplete; the restored copy may not load."
         if not self.workspace.allow_write:
@@ -165,7 +165,7 @@ class RestoreView(pn.viewable.Viewer):
         try:
             self.show_plan(await in_background(self.body, self.plan))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
+            set_notice(self.message, md_error(e), "danger")
 
     def apply(self):
         """Run the planned restore; refused without write access or without a plan."""
@@ -181,7 +181,7 @@ class RestoreView(pn.viewable.Viewer):
                            force=force)  # fmt: skip
 
     def show_result(self, result) -> None:
-        set_notice(self.message, f"**Done:** {str(result).splitlines()[0]}", "success")
+        set_notice(self.message, f"**Done:** {md_text(str(result).splitlines()[0])}", "success")
         self.confirm.visible = False
         self.planned = None
         self.workspace.touch()
@@ -191,11 +191,12 @@ class RestoreView(pn.viewable.Viewer):
             self.show_result(await in_background(self.body, self.apply))
         except Exception as e:  # noqa: BLE001 - refusals and failures are shown, never raised
             self.confirm.visible = False
-            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
+            set_notice(self.message, md_error(e), "danger")
 
     def __panel__(self):
         form = pn.Row(
-            pn.widgets.Select.from_param(self.param.run, label="run", width=170),
+            pn.widgets.Select.from_param(self.param.run, label="run", width=170,
+                                         css_classes=["ckptview-restore-run"]),
             pn.widgets.Select.from_param(self.param.serial, label="serial", width=110,
                                          css_classes=["ckptview-restore-serial"]),
             pn.widgets.RadioButtonGroup.from_param(self.param.mode, label="mode",

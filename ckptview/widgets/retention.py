@@ -17,7 +17,7 @@ from ._base import (
     size_formatter,
     table,
 )
-from ._format import badge, human_bytes
+from ._format import badge, human_bytes, md_code, md_error
 
 PLAN_SHOWN = ["serial", "action", "reason", "size", "step", "time"]
 
@@ -202,7 +202,7 @@ class RetentionView(pn.viewable.Viewer):
         try:
             self.show_plan(await in_background(self.body, self.make_plan))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
+            set_notice(self.message, md_error(e), "danger")
 
     # -- confirm and apply ------------------------------------------------------------------
     def ask(self) -> None:
@@ -215,7 +215,7 @@ class RetentionView(pn.viewable.Viewer):
         noun = "checkpoint" if len(doomed) == 1 else "checkpoints"
         self.dialog.title = f"Delete {len(doomed)} {noun}?"
         self.confirm_text.object = (
-            f"Serials {_serial_list(doomed)} of `{self.run}` ({human_bytes(freed)}). "
+            f"Serials {_serial_list(doomed)} of {md_code(self.run)} ({human_bytes(freed)}). "
             "This cannot be undone; the tree is re-checked against the plan first."
         )
         self.confirm.label = f"Delete {len(doomed)} {noun}"
@@ -226,7 +226,7 @@ class RetentionView(pn.viewable.Viewer):
             self.ask()
         except Exception as e:  # noqa: BLE001 - refusals are shown, never raised
             self.delete.visible = False
-            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
+            set_notice(self.message, md_error(e), "danger")
 
     def _on_cancel(self, event=None) -> None:
         self.dialog.open = False
@@ -274,7 +274,7 @@ class RetentionView(pn.viewable.Viewer):
             self.show_result(await in_background(self.body, self.apply))
         except Exception as e:  # noqa: BLE001 - refusals and failures are shown
             self.dialog.open = False
-            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
+            set_notice(self.message, md_error(e), "danger")
         finally:
             self.confirm.disabled = False
 
@@ -287,9 +287,9 @@ class RetentionView(pn.viewable.Viewer):
     def _on_save(self, event=None) -> None:
         try:
             self.save()
-            set_notice(self.message, f"Policy saved with `{self.run}`.", "success")
+            set_notice(self.message, f"Policy saved with {md_code(self.run)}.", "success")
         except Exception as e:  # noqa: BLE001
-            set_notice(self.message, f"{type(e).__name__}: {e}", "danger")
+            set_notice(self.message, md_error(e), "danger")
 
     def __panel__(self):
         w = pn.widgets
@@ -309,7 +309,8 @@ class RetentionView(pn.viewable.Viewer):
                                        css_classes=["ckptview-slim-older-than"]),
             ),
             pn.Row(
-                w.Select.from_param(self.param.best_metric, label="best N by metric", width=170),
+                w.Select.from_param(self.param.best_metric, label="best N by metric", width=170,
+                                    css_classes=["ckptview-best-metric"]),
                 w.IntInput.from_param(self.param.best_n, label="N", width=80),
                 w.Select.from_param(self.param.best_mode, label="best is", width=90),
                 w.MultiChoice.from_param(self.param.pinned, label="pinned serials", width=300),

@@ -11,7 +11,16 @@ import ckptview as cv
 
 from . import plots
 from ._base import in_background, notice, refresh_if_changed, set_notice, size_formatter, table
-from ._format import badge, metrics_wide, serials_frame, shown_metrics
+from ._format import (
+    badge,
+    html_choices,
+    md_code,
+    md_error,
+    md_text,
+    metrics_wide,
+    serials_frame,
+    shown_metrics,
+)
 
 #: columns always offered first; metrics come after ``step``
 BASE_COLUMNS = ["serial", "status", "size", "time", "epoch", "step", "files", "variables",
@@ -47,12 +56,14 @@ class SerialsTable(pn.viewable.Viewer):
         super().__init__(catalog=catalog, **params)
         self._seen = catalog.serials
         self.frame = serials_frame(catalog)
+        self._fields: dict[str, str] = {}  # metric name -> its column's field in the table
         self._set_choices()
         self.summary = pn.pane.Markdown(self._summary(), css_classes=["ckptview-summary"],
                                         sizing_mode="stretch_width")  # fmt: skip
         self.live = notice("", kind="info", visible=False, css_classes=["ckptview-live"])
         self.table = table(
-            self._shown(), pagination="remote", page_size=self.page_size, selectable=1,
+            self._shown(), titles=self._titles(), pagination="remote", page_size=self.page_size,
+            selectable=1,
             hidden_columns=self._hidden(), header_align="left", css_classes=["ckptview-serials"],
             formatters={"status": {"type": "html"}, "size": size_formatter()},
             widths={"status": 110, "size": 95, "time": 165, "error": 320},
@@ -64,7 +75,8 @@ class SerialsTable(pn.viewable.Viewer):
             latest = int(self.frame["serial"].iloc[-1])
         if latest is not None:
             self.select(latest)
-        self.y_select = pn.widgets.Select.from_param(self.param.y, label="timeline", width=200)
+        self.y_select = pn.widgets.Select.from_param(self.param.y, label="timeline", width=200,
+                                                   css_classes=["ckptview-timeline-y"])  # fmt: skip
         self._callback = None
         self.updated: list[int] = []  # serials new or changed at the last sync
 
@@ -72,11 +84,21 @@ class SerialsTable(pn.viewable.Viewer):
     def _metric_columns(self) -> list[str]:
         return [c for c in self.frame.columns if c not in (*BASE_COLUMNS, *VERDICT_COLUMNS)]
 
+    def _field(self, column: str) -> str:
+        """The table's field for a column: a metric gets ``metric_<n>`` (its name is the
+        title), as a name from a tree is no identifier (Tabulator reads dots as nesting)."""
+        if column in (*BASE_COLUMNS, *VERDICT_COLUMNS):
+            return column
+        return self._fields.setdefault(column, f"metric_{len(self._fields)}")
+
+    def _titles(self) -> dict[str, str]:
+        return {self._field(c): c for c in self._metric_columns()}
+
     def _set_choices(self) -> None:
         metrics = [str(c) for c in metrics_wide(self.catalog).columns]
         self.param.y.objects = ["size", BY_KIND, *metrics]
         optional = [*BASE_COLUMNS[2:], *self._metric_columns(), "loadable", "error", "warning"]
-        self.param.columns.objects = optional
+        self.param.columns.objects = html_choices(optional)  # the chooser renders HTML labels
         if not self.columns:  # default: the essentials, the first metrics, no empty columns
             ranked = shown_metrics(self._metric_columns())[:DEFAULT_METRICS]
             default = ["size", "time", "epoch", "step", *ranked, "nodes", "loadable", "error",
@@ -87,7 +109,7 @@ class SerialsTable(pn.viewable.Viewer):
 
     def _hidden(self) -> list[str]:
         keep = {"serial", "status", *self.columns}
-        return [c for c in self.frame.columns if c not in keep]
+        return [self._field(c) for c in self.frame.columns if c not in keep]
 
     @param.depends("columns", watch=True)
     def _on_columns(self) -> None:
@@ -95,7 +117,7 @@ class SerialsTable(pn.viewable.Viewer):
             self.table.hidden_columns = self._hidden()
 
     def _shown(self) -> pd.DataFrame:
-        shown = self.frame.copy()
+        shown = self.frame.rename(columns=self._field)
         shown["status"] = [badge(s) for s in shown["status"]]
         shown["size"] = shown["nbytes"]  # bytes, shown human-readable: sorts by size
         return shown
@@ -110,7 +132,7 @@ class SerialsTable(pn.viewable.Viewer):
         ]
         latest, attrs = cat.latest, cat.attrs
         text = (
-            f"`{cat.url}` · layout **{cat.layout}** · **{len(f)} serials** "
+            f"{md_code(cat.url)} · layout **{md_text(cat.layout)}** · **{len(f)} serials** "
             f"({', '.join(parts)}) · resume point: **{latest if latest is not None else 'none'}**"
         )
         if "framework_latest" in attrs:  # the framework's own pointer disagrees: say so
@@ -122,7 +144,7 @@ class SerialsTable(pn.viewable.Viewer):
                 else f"\n\n{badge('error')} the framework's pointer names no serial"
             )
         for w in attrs.get("warnings", [])[:5]:
-            text += f"\n\n{badge('warning')} {w}"
+            text += f"\n\n{badge('warning')} {md_text(w)}"
         return text
 
     # -- selection ----------------------------------------------------------------------------
@@ -161,8 +183,8 @@ class SerialsTable(pn.viewable.Viewer):
         self.updated = new + changed
         page, selected = self.table.page, self.selected
         self._set_choices()
-        self.table.hidden_columns = self._hidden()
-        self.table.value = self._shown()
+        self.table.param.update(hidden_columns=self._hidden(), titles=self._titles(),
+                                value=self._shown())  # fmt: skip
         if selected is not None and selected in set(self.frame["serial"]):
             self.select(selected)
         elif selected is not None:
@@ -197,7 +219,7 @@ class SerialsTable(pn.viewable.Viewer):
         try:
             await in_background(None, self.check)
         except Exception as e:  # noqa: BLE001 - a storage hiccup: shown, polling goes on
-            set_notice(self.live, f"could not check the tree: {type(e).__name__}: {e}", "warning")
+            set_notice(self.live, f"could not check the tree: {md_error(e)}", "warning")
             self.live.visible = True
             return
         self.sync()

@@ -11,6 +11,7 @@ from ckptview.dtypes import is_numeric
 
 from . import plots
 from ._base import in_background
+from ._format import html_choices, md_code, md_error, md_text
 
 STATS = ["l2", "mean", "std", "min", "max", "frac_zero", "n_nan", "n_inf"]
 
@@ -27,7 +28,7 @@ class TrajectoryPlot(pn.viewable.Viewer):
         v = v[v["error"].isna() & v["dtype"].map(is_numeric)]
         choices = sorted(set(v["name"]))
         super().__init__(catalog=catalog, **params)
-        self.param.names.objects = choices
+        self.param.names.objects = html_choices(choices)  # its dropdown renders HTML
         if names is None:
             model = v[v["kind"] == "model"].sort_values("nbytes", ascending=False)
             names = list(dict.fromkeys(model["name"]))[:2] or choices[:1]
@@ -51,7 +52,7 @@ class TrajectoryPlot(pn.viewable.Viewer):
                     raise
                 s = self.catalog.trajectory(name, stat=self.stat, node=nodes[0])
                 out.append(s.rename(f"{nodes[0]}/{s.name}"))
-                self.message.object = f"{e.args[0]}; showing {nodes[0]}"
+                self.message.object = f"{md_text(e.args[0])}; showing {md_code(nodes[0])}"
         return out
 
     def show(self, series: list[pd.Series]) -> None:
@@ -63,11 +64,12 @@ class TrajectoryPlot(pn.viewable.Viewer):
         try:
             self.show(await in_background(self.plot, self.compute))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            self.message.object = f"**could not compute:** {type(e).__name__}: {e}"
+            self.message.object = f"**could not compute:** {md_error(e)}"
 
     def __panel__(self):
         controls = pn.Row(
-            pn.widgets.MultiChoice.from_param(self.param.names, label="variables", width=520),
+            pn.widgets.MultiChoice.from_param(self.param.names, label="variables", width=520,
+                                              css_classes=["ckptview-trajectory-names"]),
             pn.widgets.Select.from_param(self.param.stat, label="statistic", width=140),
         )
         return pn.Column(controls, self.message, self.plot, sizing_mode="stretch_width")

@@ -9,7 +9,7 @@ import param
 import ckptview as cv
 
 from ._base import size_formatter, table
-from ._format import badge, human_bytes, totals_frame, variables_frame
+from ._format import badge, html_choices, human_bytes, totals_frame, variables_frame
 
 SHOWN = ["name", "node", "kind", "dtype", "shape", "numel", "size", "share", "error"]
 
@@ -67,9 +67,10 @@ class VariablesTable(pn.viewable.Viewer):
             return
         self._seen = v
         nodes = sorted(map(str, v["node"].unique()))  # unique(): fast on a million rows
-        self.param.kinds.objects = sorted(map(str, v["kind"].unique()))
-        self.param.nodes.objects = ["(shared)" if n == "" else n for n in nodes]
-        self.param.dtypes.objects = sorted(map(str, v["dtype"].unique()))
+        # a MultiChoice's dropdown renders its labels as HTML: escaped labels, raw values
+        self.param.kinds.objects = html_choices(sorted(map(str, v["kind"].unique())))
+        self.param.nodes.objects = html_choices("(shared)" if n == "" else n for n in nodes)
+        self.param.dtypes.objects = html_choices(sorted(map(str, v["dtype"].unique())))
 
     @param.depends("serial", watch=True)
     def _update_serial(self) -> None:
@@ -128,7 +129,8 @@ class VariablesTable(pn.viewable.Viewer):
             pn.widgets.TextInput.from_param(self.param.name_filter, label="name contains",
                                             width=220, css_classes=["ckptview-name-filter"]),
             pn.widgets.MultiChoice.from_param(self.param.kinds, label="kind", width=200),
-            pn.widgets.MultiChoice.from_param(self.param.nodes, label="node", width=200),
+            pn.widgets.MultiChoice.from_param(self.param.nodes, label="node", width=200,
+                                              css_classes=["ckptview-node-filter"]),
             pn.widgets.MultiChoice.from_param(self.param.dtypes, label="dtype", width=200),
             pn.widgets.Checkbox.from_param(self.param.errors_only, label="errors only",
                                            css_classes=["ckptview-errors-only"]),

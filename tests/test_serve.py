@@ -1,0 +1,167 @@
+"""``ckptview serve`` as started from a shell: what it listens on, which hosts it answers, the
+headers of its page, its password option, and what it refuses to share.
+
+Servers are real ``ckptview serve`` processes on a free loopback port (nothing here listens
+beyond 127.0.0.1); requests are plain HTTP from the test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ckptview.cli import serve as serve_cli
+from ckptview.demo import write_demo
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = "ckptview_app"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port: int, path: str = f"/{APP}", host: str | None = None) -> http.client.HTTPResponse:
+    """``GET path`` from 127.0.0.1:port with the given ``Host`` header (default: its own)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", path, headers={"Host": host or f"127.0.0.1:{port}"})
+    response = conn.getresponse()
+    response.body = response.read()
+    conn.close()
+    return response
+
+
+class Served:
+    """``ckptview serve TREE --port P [args]`` in a subprocess, stopped by its own pid."""
+
+    def __init__(self, tree: Path, *args: str, timeout: float = 120):
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "ckptview.cli", "serve", str(tree), "--port", str(self.port),
+               "--no-warm", "--poll", "0", *args]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=ROOT)  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ckptview serve exited: {self.proc.stdout.read()}")
+            try:
+                get(self.port, "/")
+                return
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise TimeoutError("ckptview serve did not answer")
+
+    def listening(self) -> set[str]:
+        """The local addresses the server's sockets listen on."""
+        conns = psutil.Process(self.proc.pid).net_connections(kind="inet")
+        return {c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN}
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.stdout.read()
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    return write_demo(tmp_path_factory.mktemp("serve") / "demo", serials=2).root
+
+
+@pytest.fixture(scope="module")
+def served(tree):
+    server = Served(tree, "--allow-websocket-origin", "ckpt.example.org:8443")
+    yield server
+    server.stop()
+
+
+def test_listens_on_loopback_only_by_default(served):
+    assert served.listening() == {"127.0.0.1"}
+
+
+def test_answers_its_own_names_and_refuses_other_hosts(served):
+    port = served.port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "ckpt.example.org:8443"):
+        assert get(port, host=host).status == 200, host
+    for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}",
+                 "ckpt.example.org:9999"):  # fmt: skip
+        response = get(port, host=host)
+        assert response.status == 403, host
+        assert b"does not answer the host" in response.body and b"bokeh" not in response.body
+    assert get(port, "/", host="evil.example").status == 403  # every route, not only the page
+
+
+def test_the_page_carries_a_content_security_policy(served):
+    response = get(served.port)
+    csp = response.getheader("Content-Security-Policy")
+    nonce = re.search(r"'nonce-([A-Za-z0-9_-]{20,})'", csp)[1]
+    directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+    assert directives["default-src"] == "'self'"
+    assert directives["object-src"] == "'none'" and directives["frame-ancestors"] == "'none'"
+    assert directives["base-uri"] == "'self'" and directives["img-src"] == "'self' data: blob:"
+    assert directives["connect-src"] == "'self' blob:"
+    assert "'unsafe-inline'" not in directives["script-src"]
+    scripts = re.findall(rb"<script\b[^>]*>", response.body)
+    assert scripts and all(f'nonce="{nonce}"'.encode() in s for s in scripts)
+    assert response.getheader("X-Content-Type-Options") == "nosniff"
+    assert response.getheader("X-Frame-Options") == "DENY"
+    again = get(served.port).getheader("Content-Security-Policy")
+    assert nonce not in again  # a fresh nonce per page
+
+
+def test_basic_auth_guards_the_page(tree):
+    server = Served(tree, "--basic-auth", "s3cret-pw")
+    try:
+        response = get(server.port)
+        assert response.status == 302 and "login" in response.getheader("Location")
+        cmdline = " ".join(psutil.Process(server.proc.pid).cmdline())
+        assert "--cookie-secret" not in cmdline  # made for this run, passed in the environment
+        assert "PANEL_COOKIE_SECRET" in psutil.Process(server.proc.pid).environ()
+    finally:
+        server.stop()
+
+
+def args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_cli.register(parser.add_subparsers())
+    return parser.parse_args(["serve", "/tree", *argv])
+
+
+def test_sharing_writable_pages_needs_a_password(capsys):
+    with pytest.raises(serve_cli.CLIError, match="without --basic-auth"):
+        serve_cli.check_sharing(args("--address", "0.0.0.0", "--allow-write"))
+    serve_cli.check_sharing(args("--address", "0.0.0.0", "--allow-write", "--basic-auth", "f"))
+    serve_cli.check_sharing(args("--address", "0.0.0.0"))
+    err = capsys.readouterr().err
+    assert "with no password" in err and "--allow-websocket-origin" in err
+    serve_cli.check_sharing(args("--allow-write"))  # loopback: this machine only
+    assert capsys.readouterr().err == ""
+
+
+def test_the_command_line_passes_the_options_on():
+    cmd = serve_cli.command(args("--basic-auth", "users.json", "--cookie-secret", "c",
+                                 "--allow-websocket-origin", "h:1"), Path("app.py"))  # fmt: skip
+    assert cmd[1:3] == ["-m", "ckptview.widgets"]
+    assert cmd[cmd.index("--address") + 1] == "127.0.0.1"
+    for flag, value in (("--basic-auth", "users.json"), ("--cookie-secret", "c"),
+                        ("--allow-websocket-origin", "h:1")):  # fmt: skip
+        assert cmd[cmd.index(flag) + 1] == value
+    assert serve_cli.login_env(args("--basic-auth", "pw"))["PANEL_COOKIE_SECRET"]
+    assert serve_cli.login_env(args("--basic-auth", "pw", "--cookie-secret", "c")) == {}
+    assert serve_cli.login_env(args()) == {}
