@@ -38,16 +38,17 @@ try:
     cat = cv.open(root, cache=False)
     if read:
         a = cat.read(read)
-        print(json.dumps({"outcome": f"read {a.nbytes >> 20} MiB"}))
-        sys.exit(0)
+        out = {"outcome": f"read {a.nbytes >> 20} MiB"}
+    else:
+        out = None
     df = cat.variables
     rows = df[df["file"].astype(str).str.endswith(fname)]
     errors = sorted(set(rows["error"].dropna()))
     serr = sorted(set(cat.serials["error"].dropna()))
     text = errors[0] if errors else (serr[0] if serr else None)
     outcome = (f"error: {text[:90]}" if text else f"{len(rows)} rows, no error")
-    print(json.dumps({"outcome": outcome, "latest": None if cat.latest is None
-                      else int(cat.latest), "rows_elsewhere": int(len(df) - len(rows))}))
+    print(json.dumps(out or {"outcome": outcome, "latest": None if cat.latest is None
+                             else int(cat.latest), "rows_elsewhere": int(len(df) - len(rows))}))
 except BaseException as e:  # what an unbudgeted parser lets out
     print(json.dumps({"outcome": f"raised {type(e).__name__}: {str(e)[:80]}"}))
 """
