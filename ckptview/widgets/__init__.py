@@ -1,7 +1,8 @@
 """Panel components for ckptview: the same widgets in Jupyter and in the served dashboard.
 
 >>> import ckptview as cv
->>> from ckptview.widgets import RunBrowser
+>>> from ckptview.widgets import RunBrowser, extension
+>>> extension()  # in a notebook: Panel with every resource inline (works offline)  # doctest: +SKIP
 >>> RunBrowser(cv.open("runs/exp1"))  # doctest: +SKIP
 """
 
@@ -11,6 +12,7 @@ from .browser import RunBrowser
 from .compare import CompareView
 from .detail import VariableDetail
 from .guard import AccessRefused, Guard
+from .notebook import extension
 from .picker import TreePicker
 from .restore import RestoreView
 from .retention import RetentionView
@@ -21,5 +23,5 @@ from .variables import VariablesTable
 __all__ = [
     "AccessRefused", "CompareView", "Dashboard", "Guard", "RestoreView", "RetentionView",
     "RunBrowser", "SerialsTable", "TrajectoryPlot", "TreePicker", "VariableDetail",
-    "VariablesTable", "Workspace", "build_app",
+    "VariablesTable", "Workspace", "build_app", "extension",
 ]  # fmt: skip
