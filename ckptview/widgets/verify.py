@@ -9,7 +9,7 @@ import param
 import ckptview as cv
 
 from ._base import in_background, notice, set_notice, table
-from ._format import md_error
+from ._format import md_problem
 
 SHOWN = ["file", "check", "severity", "message"]
 
@@ -62,7 +62,7 @@ class VerifyPanel(pn.viewable.Viewer):
         try:
             self.show(await in_background(self.body, self.run))
         except Exception as e:  # noqa: BLE001 - shown to the user, never a dead page
-            set_notice(self.message, f"verify failed: {md_error(e)}", "danger")
+            set_notice(self.message, md_problem(e, "verify"), "danger")
             self.message.visible = True
 
     def __panel__(self):
