@@ -25,8 +25,8 @@ from .guard import Guard
 TABLE_CSS = """
 .tabulator { font-size: 13px; max-width: 100%; }
 .tabulator .tabulator-cell { padding: 3px 6px; overflow-wrap: anywhere; }
-.tabulator-row.tabulator-selected { background-color: rgba(33, 150, 243, 0.28) !important; }
-.tabulator-row.tabulator-selected .tabulator-cell { color: inherit; }
+.tabulator-row.tabulator-selected { background-color: rgba(33, 150, 243, 0.28) !important;
+  color: var(--panel-on-background-color, inherit) !important; }
 """
 
 #: the share of a total as a bar behind its number (the number in the theme's text colour)

@@ -82,8 +82,6 @@ def md_problem(error: BaseException, doing: str = "") -> str:
     else:
         body, head = f"{text} ({name})", f"Could not {doing}" if doing else "Failed"
     body = _MD_TICKS.sub(r"<code>\1</code>", body)
-    if body and body[0].islower():
-        body = body[0].upper() + body[1:]
     return f"**{head}:** {body.rstrip('.')}."
 
 
