@@ -48,6 +48,7 @@ class RestoreView(pn.viewable.Viewer):
         self.confirm.on_click(self._on_confirm)
         self.ops = table(pd.DataFrame(columns=OPS), pagination="local", page_size=15,
                          layout="fit_columns", widths={"kind": 90, "size": 90},
+                         text_align={"size": "right"},
                          formatters={"path": {"type": "textarea"}, "note": {"type": "textarea"}},
                          visible=False, css_classes=["ckptview-restore-ops"])  # fmt: skip
         self.body = pn.Column(self.message, self.confirm, self.ops, sizing_mode="stretch_width")
@@ -154,7 +155,7 @@ class RestoreView(pn.viewable.Viewer):
         set_notice(self.message, text, "info")
         self.confirm.label = f"Export serial {result.serial}"
         self.confirm.visible = self.workspace.allow_write and len(files) > 0
-        self.ops.visible = True
+        self.ops.param.update(visible=True, hidden_columns=[])
 
     def show_plan(self, result) -> None:
         self.planned = (self.run, self.serial, self.mode, self.destination, self.force, result)
@@ -183,7 +184,8 @@ class RestoreView(pn.viewable.Viewer):
         can = self.workspace.allow_write and len(ops) > 0
         self.confirm.label = f"Restore serial {result.serial}"
         self.confirm.visible = can
-        self.ops.visible = True
+        empty = frame["note"].isna() | (frame["note"].astype(str) == "")
+        self.ops.param.update(visible=True, hidden_columns=["note"] if empty.all() else [])
 
     async def _on_plan(self, event=None) -> None:
         try:

@@ -37,9 +37,10 @@ VERDICT_COLUMNS = ("nbytes", "loadable", "error", "warning")
 DEFAULT_METRICS = 2  # metric columns shown by default (the rest via the column chooser)
 #: fixed widths of the short columns; the others (nodes, metrics, error text) share the rest
 #: of the page's width and wrap, so the table fits a 1280-pixel screen
-SERIAL_WIDTHS = {"serial": 76, "status": 110, "size": 92, "time": 172, "epoch": 82,
-                 "step": 68, "files": 66, "variables": 100, "loadable": 102,
-                 "nodes": "17%"}  # fmt: skip
+SERIAL_WIDTHS = {"serial": 74, "status": 100, "size": 86, "time": 140, "epoch": 76,
+                 "step": 66, "files": 62, "variables": 96, "loadable": 72,
+                 "nodes": "16%"}  # fmt: skip
+SHORT_TITLES = {"loadable": "loads"}  # the column's width is its values', not its name's
 
 
 def _empty(col: pd.Series) -> bool:
@@ -109,7 +110,7 @@ class SerialsTable(pn.viewable.Viewer):
         return self._fields.setdefault(column, f"metric_{len(self._fields)}")
 
     def _titles(self) -> dict[str, str]:
-        return {self._field(c): c for c in self._metric_columns()}
+        return {**SHORT_TITLES, **{self._field(c): c for c in self._metric_columns()}}
 
     def _set_choices(self) -> None:
         recorded = [k for k, c in TIMELINE.items() if not _empty(self.frame[c])]
