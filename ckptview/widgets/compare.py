@@ -26,8 +26,8 @@ from ._format import (
 SHOWN = ["status", "name", "node", "shape", "rel_l2", "l2", "max_abs", "cosine", "n_changed",
          "numel", "error"]  # fmt: skip
 NUMBERS = ["rel_l2", "l2", "max_abs", "cosine", "n_changed", "numel"]
-DIFF_WIDTHS = {"status": 118, "node": "10%", "shape": 92, "rel_l2": 80, "l2": 82,
-               "max_abs": 98, "cosine": 100, "n_changed": 112, "numel": 82}  # fmt: skip
+DIFF_WIDTHS = {"status": 100, "node": "8%", "shape": 80, "rel_l2": 76, "l2": 76,
+               "max_abs": 86, "cosine": 90, "n_changed": 98, "numel": 76}  # fmt: skip
 PLOT_LIMIT = 16 << 20  # values read at once for the difference plots
 
 
