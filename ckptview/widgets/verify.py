@@ -29,7 +29,10 @@ class VerifyPanel(pn.viewable.Viewer):
         self.button.on_click(self._on_verify)
         self.message = notice("", visible=False, css_classes=["ckptview-verify-result"])
         self.findings = table(pd.DataFrame(columns=SHOWN), css_classes=["ckptview-findings"],
-                              widths={"message": 480}, visible=False)  # fmt: skip
+                              layout="fit_columns", widths={"check": 130, "severity": 90},
+                              formatters={"file": {"type": "textarea"},
+                                          "message": {"type": "textarea"}},
+                              visible=False)  # fmt: skip
         self.body = pn.Column(
             pn.Row(self.button, pn.widgets.Checkbox.from_param(self.param.deep, label="deep")),
             self.message, self.findings, sizing_mode="stretch_width",
