@@ -35,9 +35,9 @@ BASE_COLUMNS = ["serial", "status", "size", "time", "epoch", "step", "files", "v
                 "nodes"]  # fmt: skip
 VERDICT_COLUMNS = ("nbytes", "loadable", "error", "warning")
 DEFAULT_METRICS = 2  # metric columns shown by default (the rest via the column chooser)
-#: fixed widths of the short columns; the others (nodes, metrics, error text) share the rest
-#: of the page's width and wrap, so the table fits a 1280-pixel screen
-SERIAL_WIDTHS = {"serial": 74, "status": 100, "size": 86, "time": 140, "epoch": 76,
+#: fixed widths of the short columns; the others (time, nodes, metrics, error text) share the
+#: rest of the page's width and wrap, so the table fits a 1280-pixel screen and fills a wide one
+SERIAL_WIDTHS = {"serial": 74, "status": 100, "size": 86, "epoch": 76,
                  "step": 66, "files": 62, "variables": 96, "loadable": 72,
                  "nodes": "16%"}  # fmt: skip
 SHORT_TITLES = {"loadable": "loads"}  # the column's width is its values', not its name's
