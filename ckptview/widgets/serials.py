@@ -85,7 +85,7 @@ class SerialsTable(pn.viewable.Viewer):
             hidden_columns=self._hidden(), header_align="left", css_classes=["ckptview-serials"],
             formatters={"status": {"type": "html"}, "size": size_formatter(),
                         **{c: {"type": "textarea"} for c in ("nodes", "error", "warning")}},
-                widths=SERIAL_WIDTHS, layout="fit_columns", text_align={"size": "right"},
+                **self._sizing(), text_align={"size": "right"},
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         latest = catalog.latest
@@ -136,10 +136,18 @@ class SerialsTable(pn.viewable.Viewer):
         keep = {"serial", "status", *self.columns}
         return [self._field(c) for c in self.frame.columns if c not in keep]
 
+    def _sizing(self) -> dict:
+        """Column widths and layout: with nodes, metrics or error text shown, they share what
+        the short columns (:data:`SERIAL_WIDTHS`) leave of the page's width, wrapping; with
+        short columns only, each is as wide as its data and the last one fills the row."""
+        if any(c not in (*SERIAL_WIDTHS, "time") for c in self.columns):
+            return {"widths": {**SERIAL_WIDTHS, "time": 150}, "layout": "fit_columns"}
+        return {"widths": {}, "layout": "fit_data_stretch"}
+
     @param.depends("columns", watch=True)
     def _on_columns(self) -> None:
         if hasattr(self, "table"):
-            self.table.hidden_columns = self._hidden()
+            self.table.param.update(hidden_columns=self._hidden(), **self._sizing())
 
     def _shown(self) -> pd.DataFrame:
         shown = self.frame.rename(columns=self._field)
@@ -209,6 +217,7 @@ class SerialsTable(pn.viewable.Viewer):
         page, selected = self.table.page, self.selected
         self._set_choices()
         self.table.param.update(hidden_columns=self._hidden(), titles=self._titles(),
+                                **self._sizing(),
                                 value=self._shown())  # fmt: skip
         if selected is not None and selected in set(self.frame["serial"]):
             self.select(selected)
