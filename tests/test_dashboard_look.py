@@ -121,6 +121,9 @@ def test_one_serial_is_plotted_around_its_own_values(tmp_path):
     view = SerialsTable(one, poll_seconds=0)
     opts = view.timeline().opts.get().kwargs
     serial = int(one.serials.index[0])
-    assert opts["xlim"] == (serial - 1, serial + 1)
+    assert opts["xlim"] == (serial - 0.5, serial + 0.5)  # one tick: the serial's own
     mib = float(one.serials["nbytes"].iloc[0]) / 2**20
     assert opts["ylim"][0] < mib < opts["ylim"][1] and opts["ylim"][0] > 0
+    view.y = "epoch"
+    epoch = float(one.serials["epoch"].iloc[0])
+    assert view.timeline().opts.get().kwargs["ylim"] == (epoch - 0.5, epoch + 0.5)

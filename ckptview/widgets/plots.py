@@ -47,10 +47,11 @@ def _integer_ticks():
 
 
 def _around(values: pd.Series, integer: bool) -> tuple[float, float]:
-    """Axis limits for a single value: itself in the middle, never a bare −1..1."""
+    """Axis limits for a single value: itself in the middle (a whole number: its own tick
+    only), never a bare −1..1."""
     v = float(values.iloc[0])
     if integer:
-        return v - 1, v + 1
+        return v - 0.5, v + 0.5
     half = abs(v) * 0.1 or 1.0
     return v - half, v + half
 
@@ -94,7 +95,7 @@ def trajectories(series: list[pd.Series], stat: str):
     return hv.Overlay(curves).opts(
         hv.opts.Curve(tools=["hover"]), hv.opts.Scatter(size=6, tools=["hover"]),
         hv.opts.Overlay(title=f"{stat} across serials", responsive=True, height=320,
-                        legend_position="right"),
+                        legend_position="right", xticks=_integer_ticks(), xformatter="%d"),
     )  # fmt: skip
 
 
