@@ -155,7 +155,7 @@ def shot(page: Page, name: str, top: bool = False) -> None:
 
 
 def tab(page: Page, name: str) -> None:
-    page.locator(".bk-tab", has_text=name).first.click()
+    page.get_by_role("tab", name=name).click()
 
 
 def pick_run(page: Page, label: str) -> None:
@@ -350,14 +350,14 @@ def test_read_only_offers_no_change_and_refuses_a_forced_one(page: Page, read_on
     expect(page.locator(".ckptview-retention-delete button")).to_be_hidden()
     expect(page.locator(".ckptview-retention-save button")).to_be_hidden()
     force_click(page, "ckptview-retention-delete")
-    expect(page.locator(".ckptview-retention-message")).to_contain_text("refused", timeout=WAIT)
+    expect(page.locator(".ckptview-retention-message")).to_contain_text("Refused", timeout=WAIT)
     expect(page.locator(".ckptview-confirm")).to_be_hidden()
     tab(page, "Restore")
     page.locator(".ckptview-restore-plan button").click()
     expect(page.locator(".ckptview-restore-message")).to_contain_text("read-only", timeout=WAIT)
     expect(page.locator(".ckptview-restore-confirm button")).to_be_hidden()
     force_click(page, "ckptview-restore-confirm")
-    expect(page.locator(".ckptview-restore-message")).to_contain_text("refused", timeout=WAIT)
+    expect(page.locator(".ckptview-restore-message")).to_contain_text("Refused", timeout=WAIT)
     shot(page, "read_only_refused")
     assert sorted(cv.open(root).serials.index) == before
     assert not (Path(root) / ".ckptview").exists()
@@ -371,7 +371,7 @@ def test_a_url_outside_the_roots_is_refused(page: Page, read_only, tmp_path):
     url.fill(str(outside))
     url.press("Enter")
     page.locator(".ckptview-open button").click()
-    expect(page.locator(".ckptview-picker-message")).to_contain_text("refused", timeout=WAIT)
+    expect(page.locator(".ckptview-picker-message")).to_contain_text("Refused", timeout=WAIT)
     expect(page.locator(".ckptview-runs")).not_to_contain_text(str(outside))
 
 

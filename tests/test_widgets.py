@@ -227,7 +227,7 @@ def test_read_only_offers_and_does_nothing(cat):
     with pytest.raises(AccessRefused):
         ret.save()
     ret._on_delete()  # a forced click is refused and shown
-    assert "refused" in ret.message.object and not ret.dialog.open
+    assert "Refused" in ret.message.object and not ret.dialog.open
     rv = RestoreView(ws)
     rv.serial = 1
     rv.show_plan(rv.plan())

@@ -20,11 +20,40 @@ from ckptview.tree import Tree
 
 from .guard import Guard
 
+#: tables in either theme: compact (more specific than the Tabulator theme's own sheet, which
+#: loads after this one), the selected row a translucent tint (its text keeps the theme's
+#: colour), long words (paths, names) broken inside their cell instead of widening it
 TABLE_CSS = """
-.tabulator { font-size: 13px; }
-.tabulator .tabulator-cell { padding: 3px 6px; }
-.tabulator-row.tabulator-selected { background-color: #bbdefb !important; }
+.pnx-tabulator.tabulator { font-size: 13px; max-width: 100%; }
+.pnx-tabulator .tabulator-header .tabulator-col { font-size: 13px; }
+.pnx-tabulator .tabulator-row .tabulator-cell { padding: 4px 6px; overflow-wrap: anywhere; }
+.tabulator-row.tabulator-selected { background-color: rgba(33, 150, 243, 0.28) !important;
+  color: var(--panel-on-background-color, inherit) !important; }
 """
+
+#: the share of a total as a bar behind its number (the number in the theme's text colour)
+SHARE_FORMATTER_TEMPLATE = (
+    '<div style="position:relative;min-width:60px">'
+    '<div style="position:absolute;left:0;top:0;bottom:0;'
+    "width:<%= Math.max(0, Math.min(100, Number(value) || 0)) %>%;"
+    'background:rgba(33,150,243,0.35);border-radius:2px"></div>'
+    '<span style="position:relative;padding-left:3px">'
+    "<%= (value === null || value === undefined || value === '') ? '' : Number(value).toFixed(1) %>"
+    "</span></div>"
+)
+
+
+def share_formatter():
+    """A Tabulator cell formatter: a percentage as a bar with its number, readable in any theme."""
+    from bokeh.models.widgets.tables import HTMLTemplateFormatter
+
+    return HTMLTemplateFormatter(template=SHARE_FORMATTER_TEMPLATE)
+
+
+def form_row(*items, **kwargs) -> pn.FlexBox:
+    """A row of form widgets that wraps onto more lines when the page is narrow."""
+    kwargs.setdefault("sizing_mode", "stretch_width")
+    return pn.FlexBox(*items, flex_wrap="wrap", align_items="flex-end", **kwargs)
 
 
 #: bytes as "1.5 KiB" in the browser (same rule as ``_format.human_bytes``): a size column
@@ -170,9 +199,20 @@ NOTICE_STYLES = {
 }
 
 
+#: text with long paths or names: they break anywhere rather than run out of their box
+WRAP_CSS = ":host { overflow-wrap: anywhere; } code { white-space: normal; overflow-wrap: anywhere; }"
+
+
+def wrapping(**kwargs) -> dict:
+    """``kwargs`` for a Markdown pane whose long words (paths) wrap inside it."""
+    kwargs["stylesheets"] = [*kwargs.get("stylesheets", []), WRAP_CSS]
+    kwargs.setdefault("sizing_mode", "stretch_width")
+    return kwargs
+
+
 def notice(text: str = "", kind: str = "info", **kwargs) -> pn.pane.Markdown:
     """A readable message box (dark text on a light tint) in any design or theme."""
-    kwargs.setdefault("sizing_mode", "stretch_width")
+    kwargs = wrapping(**kwargs)
     pane = pn.pane.Markdown(text, **kwargs)
     set_notice(pane, text, kind)
     return pane

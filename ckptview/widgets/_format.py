@@ -60,6 +60,43 @@ def md_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {md_text(error)}"
 
 
+_MD_TICKS = re.compile(r"\\`(.+?)\\`")  # an escaped `command` in a message
+
+
+def md_problem(error: BaseException, doing: str = "") -> str:
+    """An error for a message box: what happened and what to do, in words.
+
+    A refusal reads ``**Refused:** …``; a bad input ``**Cannot <doing>:** …``; anything else
+    ``**Could not <doing>:** … (TypeName)``. `Backticked` commands in the text become code.
+    """
+    text = md_text(error).strip()
+    name = type(error).__name__
+    low = text.lower()
+    if isinstance(error, PermissionError) or low.startswith("refused"):
+        body = re.sub(r"^refused\\?:\s*", "", text, flags=re.IGNORECASE)
+        if "outside the roots" in body:
+            body += ". Only trees under those roots can be opened here"
+        head = "Refused"
+    elif isinstance(error, (ValueError, KeyError, RuntimeError)):
+        body, head = text, f"Cannot {doing}" if doing else "Cannot do that"
+    else:
+        body, head = f"{text} ({name})", f"Could not {doing}" if doing else "Failed"
+    body = _MD_TICKS.sub(r"<code>\1</code>", body)
+    return f"**{head}:** {body.rstrip('.')}."
+
+
+def fmt_cosine(x) -> str:
+    """A cosine similarity to six decimals; one within rounding of ±1 says how far it is
+    (``1 − 3.2e-08``), so a near-identical direction never reads as exactly 1."""
+    if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    x = float(x)
+    text = f"{x:.6f}".rstrip("0").rstrip(".")
+    if text in ("1", "-1") and 1 - abs(x) > 1e-12:  # beyond float64 rounding noise
+        return f"{text} {'−' if x > 0 else '+'} {1 - abs(x):.1e}"
+    return "0" if text == "-0" else text
+
+
 def html_choices(names) -> dict:
     """Options for a MultiChoice (its dropdown renders labels as HTML): escaped label -> name."""
     return {html_text(n): n for n in names}

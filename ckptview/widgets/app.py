@@ -11,6 +11,7 @@ import argparse
 import os
 
 import panel as pn
+import panel_material_ui as pmui
 import param
 
 import ckptview as cv
@@ -27,6 +28,9 @@ from .retention import RetentionView
 from .trajectory import TrajectoryPlot
 
 TABS = ["Browse", "Compare", "Trajectory", "Restore", "Retention"]
+#: the dark theme's primary colour: buttons white on a mid blue (pale blue with white text
+#: was unreadable); the light theme keeps Material's defaults
+THEME = {"light": {}, "dark": {"palette": {"primary": {"main": "#1976d2", "contrastText": "#fff"}}}}
 
 
 class Dashboard(pn.viewable.Viewer):
@@ -50,7 +54,7 @@ class Dashboard(pn.viewable.Viewer):
         self._trajectories: dict[str, TrajectoryPlot] = {}
         self.browse_area = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-browse"])
         self.trajectory_area = pn.Column(sizing_mode="stretch_width")
-        self.tabs = pn.Tabs(
+        self.tabs = pmui.Tabs(  # Material tabs: role="tablist"/"tab", keyboard navigation
             ("Browse", self.browse_area), ("Compare", self.compare),
             ("Trajectory", self.trajectory_area), ("Restore", self.restore),
             ("Retention", self.retention), dynamic=True, sizing_mode="stretch_width",
@@ -190,8 +194,6 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
     ``isolate``: their files (and those of trees opened from the page) are listed by the
     server's :func:`server_executor`, in worker processes with resource limits.
     """
-    import panel_material_ui as pmui
-
     pn.extension("tabulator", notifications=True)
     executor = server_executor() if isolate else None
     workspace = Workspace(guard=Guard(roots=list(urls), allow_write=allow_write),
@@ -210,7 +212,7 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
                                       kind="warning"))  # fmt: skip
     return pmui.Page(
         title="ckptview" + ("" if allow_write else " · read-only"),
-        sidebar=dashboard.sidebar(), sidebar_width=340,
+        sidebar=dashboard.sidebar(), sidebar_width=300, theme_config=THEME,
         main=[*problems, dashboard.tabs],
     )  # fmt: skip
 

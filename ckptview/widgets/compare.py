@@ -11,17 +11,32 @@ import param
 
 from ..engine.diff import by_change
 from . import plots
-from ._base import Workspace, as_workspace, in_background, table
-from ._format import badge, fmt_number, fmt_shape, md_code, md_error, md_text, streamed_histogram
+from ._base import Workspace, as_workspace, form_row, in_background, table
+from ._format import (
+    badge,
+    fmt_cosine,
+    fmt_number,
+    fmt_shape,
+    md_code,
+    md_problem,
+    md_text,
+    streamed_histogram,
+)
 
 SHOWN = ["status", "name", "node", "shape", "rel_l2", "l2", "max_abs", "cosine", "n_changed",
          "numel", "error"]  # fmt: skip
+NUMBERS = ["rel_l2", "l2", "max_abs", "cosine", "n_changed", "numel"]
+DIFF_WIDTHS = {"status": 100, "node": "8%", "shape": 80, "rel_l2": 76, "l2": 76,
+               "max_abs": 86, "cosine": 90, "n_changed": 98, "numel": 76}  # fmt: skip
 PLOT_LIMIT = 16 << 20  # values read at once for the difference plots
 
 
 def diff_frame(diff: pd.DataFrame) -> pd.DataFrame:
-    """``cat.diff`` output for display: sorted by ``rel_l2`` (biggest change first)."""
+    """``cat.diff`` output for display: rows that could not be compared first (never lost on
+    a later page), then by ``rel_l2`` (biggest change first)."""
     d = by_change(diff)
+    failed = d["error"].notna() & (d["error"].astype(str) != "")
+    d = pd.concat([d[failed], d[~failed]])
     out = pd.DataFrame(
         {
             "status": d["status"].astype(object),
@@ -31,7 +46,8 @@ def diff_frame(diff: pd.DataFrame) -> pd.DataFrame:
                 fmt_shape(a) if fmt_shape(a) == fmt_shape(b) else f"{fmt_shape(a)} → {fmt_shape(b)}"
                 for a, b in zip(d["shape_a"], d["shape_b"])
             ],
-            **{c: [fmt_number(x) for x in d[c]] for c in ("rel_l2", "l2", "max_abs", "cosine")},
+            **{c: [fmt_number(x) for x in d[c]] for c in ("rel_l2", "l2", "max_abs")},
+            "cosine": [fmt_cosine(x) for x in d["cosine"]],
             "n_changed": [None if pd.isna(x) else int(x) for x in d["n_changed"]],
             "numel": d["numel"].astype("int64"),
             "error": ["" if pd.isna(e) or e is None else str(e) for e in d["error"]],
@@ -62,7 +78,10 @@ class CompareView(pn.viewable.Viewer):
                                         sizing_mode="stretch_width")  # fmt: skip
         self.table = table(
             pd.DataFrame(columns=SHOWN), pagination="remote", page_size=20, selectable=1,
-            formatters={"status": {"type": "html"}}, css_classes=["ckptview-diff"],
+            formatters={"status": {"type": "html"},
+                        **{c: {"type": "textarea"} for c in ("name", "node", "shape", "error")}},
+            layout="fit_columns", widths=DIFF_WIDTHS, text_align=dict.fromkeys(NUMBERS, "right"),
+            css_classes=["ckptview-diff"],
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         self.plots = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-diff-plots"])
@@ -128,8 +147,15 @@ class CompareView(pn.viewable.Viewer):
         shown["status"] = [badge(s) for s in shown["status"]]
         self.table.selection = []
         self.table.value = shown
+        self.table.hidden_columns = [
+            c for c in ("node", "error") if (self._shown[c].astype(str) == "").all()
+        ]  # nothing in them: no room taken
+        self.table.visible = True
         counts = self.diff["status"].value_counts()
         summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+        n_failed = int((self._shown["error"] != "").sum())
+        if n_failed:
+            summary += f" · {n_failed} could not be compared (listed first)"
         self.heading.object = (
             f"### {md_text(self.run_a)}:{self.serial_a} → {md_text(self.run_b)}:{self.serial_b} · "
             f"{summary}"
@@ -140,7 +166,11 @@ class CompareView(pn.viewable.Viewer):
         try:
             self.show(await in_background(self.body, self.compute))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            self.heading.object = f"**could not compare:** {md_error(e)}"
+            self.diff = None
+            self.table.value = pd.DataFrame(columns=SHOWN)
+            self.table.visible = False
+            self.plots.objects = []
+            self.heading.object = md_problem(e, "compare")
 
     # -- one variable -----------------------------------------------------------------------
     def _on_select(self, event) -> None:
@@ -154,9 +184,7 @@ class CompareView(pn.viewable.Viewer):
                 node, name, await in_background(self.plots, self.variable_plots, node, name)
             )
         except Exception as e:  # noqa: BLE001 - shown to the user
-            self.plots.objects = [
-                pn.pane.Markdown(f"**could not plot {md_text(name)}:** {md_error(e)}")
-            ]
+            self.plots.objects = [pn.pane.Markdown(md_problem(e, f"plot {md_text(name)}"))]
 
     def variable_plots(self, node: str, name: str) -> list:
         """Histograms of A, B and B−A, and a heatmap of B−A for 2-D variables."""
@@ -203,7 +231,7 @@ class CompareView(pn.viewable.Viewer):
         self.plots.objects = [title, grid]
 
     def __panel__(self):
-        pickers = pn.Row(
+        pickers = form_row(
             pn.widgets.Select.from_param(self.param.run_a, label="A: run", width=170,
                                          css_classes=["ckptview-run-a"]),
             pn.widgets.Select.from_param(self.param.serial_a, label="A: serial", width=110,

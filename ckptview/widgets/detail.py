@@ -10,13 +10,13 @@ import ckptview as cv
 from ckptview.dtypes import is_numeric
 
 from . import plots
-from ._base import in_background, table
+from ._base import in_background, table, wrapping
 from ._format import (
     fmt_number,
     fmt_shape,
     human_bytes,
     md_code,
-    md_error,
+    md_problem,
     md_text,
     streamed_histogram,
 )
@@ -47,8 +47,7 @@ class VariableDetail(pn.viewable.Viewer):
     def __init__(self, catalog: cv.Catalog, **params):
         super().__init__(catalog=catalog, **params)
         self.info = pn.pane.Markdown("*Click a variable to see it here.*",
-                                     css_classes=["ckptview-detail-info"],
-                                     sizing_mode="stretch_width")  # fmt: skip
+                                     **wrapping(css_classes=["ckptview-detail-info"]))  # fmt: skip
         self.button = pn.widgets.Button(label="Statistics and histogram", color="primary",
                                         disabled=True, css_classes=["ckptview-stats-button"])  # fmt: skip
         self.button.on_click(self._on_compute)
@@ -111,7 +110,7 @@ class VariableDetail(pn.viewable.Viewer):
         try:
             self.show(await in_background(self.body, self.compute))
         except Exception as e:  # noqa: BLE001 - shown to the user, never a dead page
-            self.info.object += f"\n\n**could not compute:** {md_error(e)}"
+            self.info.object += "\n\n" + md_problem(e, "compute the statistics")
 
     def __panel__(self):
         return self.body

@@ -7,8 +7,8 @@ import json
 import panel as pn
 import param
 
-from ._base import Workspace, as_workspace, in_background
-from ._format import md_code, md_error, md_text
+from ._base import Workspace, as_workspace, in_background, wrapping
+from ._format import md_code, md_problem, md_text
 
 
 class TreePicker(pn.viewable.Viewer):
@@ -23,9 +23,8 @@ class TreePicker(pn.viewable.Viewer):
         self.button = pn.widgets.Button(label="Open", color="primary",
                                         css_classes=["ckptview-open"])  # fmt: skip
         self.button.on_click(self._on_open)
-        self.message = pn.pane.Markdown(css_classes=["ckptview-picker-message"],
-                                        sizing_mode="stretch_width")  # fmt: skip
-        self.runs = pn.pane.Markdown(css_classes=["ckptview-runs"], sizing_mode="stretch_width")
+        self.message = pn.pane.Markdown(**wrapping(css_classes=["ckptview-picker-message"]))
+        self.runs = pn.pane.Markdown(**wrapping(css_classes=["ckptview-runs"]))
         self.workspace.param.watch(lambda e: self._list(), "runs")
         self._list()
 
@@ -55,7 +54,7 @@ class TreePicker(pn.viewable.Viewer):
             label = await in_background(self.button, self.open)
             self.message.object = f"Opened **{md_text(label)}**."
         except Exception as e:  # noqa: BLE001 - refusals and bad trees are shown
-            self.message.object = md_error(e)
+            self.message.object = md_problem(e, "open this tree")
 
     def __panel__(self):
         return pn.Column(

@@ -39,8 +39,29 @@ def heatmap(values: np.ndarray, title: str):
     return img.opts(title=title, cmap="RdBu_r", clim=(-lim, lim), colorbar=True, **PLOT)
 
 
-def timeline(frame: pd.DataFrame, x: str, y: str, ylabel: str, title: str):
-    """Serials over ``x`` (step or serial): a line plus status-coloured points."""
+def _integer_ticks():
+    """Ticks on whole numbers only (a serial, a step or a count is never 3.5)."""
+    from bokeh.models import BasicTicker
+
+    return BasicTicker(min_interval=1, desired_num_ticks=8)
+
+
+def _around(values: pd.Series, integer: bool) -> tuple[float, float]:
+    """Axis limits for a single value: itself in the middle (a whole number: its own tick
+    only), never a bare −1..1."""
+    v = float(values.iloc[0])
+    if integer:
+        return v - 0.5, v + 0.5
+    half = abs(v) * 0.1 or 1.0
+    return v - half, v + half
+
+
+def timeline(frame: pd.DataFrame, x: str, y: str, ylabel: str, title: str,
+             integer_y: bool = False):  # fmt: skip
+    """Serials over ``x`` (step or serial): a line plus status-coloured points.
+
+    ``x`` (and ``y`` when ``integer_y``) is ticked on whole numbers; one point is centred on
+    axes around its own values."""
     extra = [] if x == "serial" else ["serial"]
     data = frame[list(dict.fromkeys([x, y, "serial", "status"]))].dropna(subset=[x, y])
     if data.empty:
@@ -51,9 +72,15 @@ def timeline(frame: pd.DataFrame, x: str, y: str, ylabel: str, title: str):
         color=hv.dim("status").categorize(STATUS_COLORS, default="#455a64"), size=9,
         tools=["hover"],
     )  # fmt: skip
-    return (curve * points).opts(
-        title=title, ylabel=ylabel, xlabel=x, responsive=True, height=240, padding=0.08
-    )
+    opts = dict(title=title, ylabel=ylabel, xlabel=x, responsive=True, height=240,
+                padding=0.08, xticks=_integer_ticks(), xformatter="%d")  # fmt: skip
+    if integer_y:
+        opts.update(yticks=_integer_ticks(), yformatter="%d")
+    if data[x].nunique() == 1:
+        opts["xlim"] = _around(data[x], integer=True)
+    if data[y].nunique() == 1:
+        opts["ylim"] = _around(data[y], integer=integer_y)
+    return (curve * points).opts(**opts)
 
 
 def trajectories(series: list[pd.Series], stat: str):
@@ -68,7 +95,7 @@ def trajectories(series: list[pd.Series], stat: str):
     return hv.Overlay(curves).opts(
         hv.opts.Curve(tools=["hover"]), hv.opts.Scatter(size=6, tools=["hover"]),
         hv.opts.Overlay(title=f"{stat} across serials", responsive=True, height=320,
-                        legend_position="right"),
+                        legend_position="right", xticks=_integer_ticks(), xformatter="%d"),
     )  # fmt: skip
 
 

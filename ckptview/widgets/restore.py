@@ -6,9 +6,20 @@ import pandas as pd
 import panel as pn
 import param
 
-from ._base import Workspace, as_workspace, in_background, notice, offer_runs, set_notice, table
-from ._format import human_bytes, md_code, md_error, md_text
+from ._base import (
+    Workspace,
+    as_workspace,
+    form_row,
+    in_background,
+    notice,
+    offer_runs,
+    set_notice,
+    table,
+)
+from ._format import human_bytes, md_code, md_problem, md_text
 
+OPS = ["kind", "path", "size", "note"]
+START = "Choose a serial and press **Plan (dry run)**: nothing changes until you confirm."
 MODES = {"in place (the framework resumes from it)": "in_place", "copy to URL": "copy",
          "export as safetensors": "export"}  # fmt: skip
 
@@ -26,7 +37,7 @@ class RestoreView(pn.viewable.Viewer):
         self.workspace: Workspace = as_workspace(workspace)
         super().__init__(**params)
         self.planned = None
-        self.message = notice("Choose a serial and press **Plan**.", kind="info",
+        self.message = notice(START, kind="info",
                                      css_classes=["ckptview-restore-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
         self.plan_button = pn.widgets.Button(label="Plan (dry run)", color="primary", align="end",
@@ -35,8 +46,11 @@ class RestoreView(pn.viewable.Viewer):
         self.confirm = pn.widgets.Button(label="Restore", color="danger", visible=False,
                                          css_classes=["ckptview-restore-confirm"])  # fmt: skip
         self.confirm.on_click(self._on_confirm)
-        self.ops = table(pd.DataFrame(columns=["kind", "path", "size", "note"]),
-                         pagination="local", page_size=15, css_classes=["ckptview-restore-ops"])  # fmt: skip
+        self.ops = table(pd.DataFrame(columns=OPS), pagination="local", page_size=15,
+                         layout="fit_columns", widths={"kind": 90, "size": 90},
+                         text_align={"size": "right"},
+                         formatters={"path": {"type": "textarea"}, "note": {"type": "textarea"}},
+                         visible=False, css_classes=["ckptview-restore-ops"])  # fmt: skip
         self.body = pn.Column(self.message, self.confirm, self.ops, sizing_mode="stretch_width")
         self.force_box = pn.widgets.Checkbox.from_param(
             self.param.force, label="force: restore this incomplete serial anyway",
@@ -81,8 +95,17 @@ class RestoreView(pn.viewable.Viewer):
 
     @param.depends("run", "serial", "mode", "destination", "force", watch=True)
     def _forget_plan(self) -> None:
+        if self.planned is not None:  # the plan on screen is for other choices: not shown
+            set_notice(self.message, START, "info")
+            self.clear()
         self.planned = None
         self.confirm.visible = False
+
+    def clear(self) -> None:
+        """Take the last plan off the screen (after a refusal or a change of choices)."""
+        self.planned = None
+        self.confirm.visible = self.ops.visible = False
+        self.ops.value = pd.DataFrame(columns=OPS)
 
     def _check_force(self) -> bool:
         """``force`` for the core; a clear refusal for an incomplete serial without it."""
@@ -93,7 +116,7 @@ class RestoreView(pn.viewable.Viewer):
             why = f" ({err})" if isinstance(err, str) and err else ""
             raise ValueError(
                 f"refused: serial {self.serial} is incomplete — its save did not finish{why}. "
-                "The framework would not resume from it; tick **force** to restore it anyway."
+                "The framework would not resume from it; tick 'force' to restore it anyway"
             )
         return True
 
@@ -101,7 +124,7 @@ class RestoreView(pn.viewable.Viewer):
         if self.mode == "in_place":
             return None
         if not self.destination.strip():
-            raise ValueError("give a destination URL for the copy")
+            raise ValueError("give a destination URL (under a served root) for the copy")
         return self.workspace.guard.check_url(self.destination.strip())
 
     def plan(self):
@@ -132,6 +155,7 @@ class RestoreView(pn.viewable.Viewer):
         set_notice(self.message, text, "info")
         self.confirm.label = f"Export serial {result.serial}"
         self.confirm.visible = self.workspace.allow_write and len(files) > 0
+        self.ops.param.update(visible=True, hidden_columns=[])
 
     def show_plan(self, result) -> None:
         self.planned = (self.run, self.serial, self.mode, self.destination, self.force, result)
@@ -160,12 +184,15 @@ class RestoreView(pn.viewable.Viewer):
         can = self.workspace.allow_write and len(ops) > 0
         self.confirm.label = f"Restore serial {result.serial}"
         self.confirm.visible = can
+        empty = frame["note"].isna() | (frame["note"].astype(str) == "")
+        self.ops.param.update(visible=True, hidden_columns=["note"] if empty.all() else [])
 
     async def _on_plan(self, event=None) -> None:
         try:
             self.show_plan(await in_background(self.body, self.plan))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            set_notice(self.message, md_error(e), "danger")
+            self.clear()
+            set_notice(self.message, md_problem(e, "plan this restore"), "danger")
 
     def apply(self):
         """Run the planned restore; refused without write access or without a plan."""
@@ -190,11 +217,11 @@ class RestoreView(pn.viewable.Viewer):
         try:
             self.show_result(await in_background(self.body, self.apply))
         except Exception as e:  # noqa: BLE001 - refusals and failures are shown, never raised
-            self.confirm.visible = False
-            set_notice(self.message, md_error(e), "danger")
+            self.clear()
+            set_notice(self.message, md_problem(e, "restore"), "danger")
 
     def __panel__(self):
-        form = pn.Row(
+        form = form_row(
             pn.widgets.Select.from_param(self.param.run, label="run", width=170,
                                          css_classes=["ckptview-restore-run"]),
             pn.widgets.Select.from_param(self.param.serial, label="serial", width=110,

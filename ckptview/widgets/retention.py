@@ -10,6 +10,7 @@ import param
 from ._base import (
     Workspace,
     as_workspace,
+    form_row,
     in_background,
     notice,
     offer_runs,
@@ -17,9 +18,11 @@ from ._base import (
     size_formatter,
     table,
 )
-from ._format import badge, human_bytes, md_code, md_error
+from ._format import badge, human_bytes, md_code, md_problem
 
 PLAN_SHOWN = ["serial", "action", "reason", "size", "step", "time"]
+DONE_SHOWN = ["serial", "action", "size", "path"]  # after a deletion: what went, from where
+START = "Set a policy and press **Plan**: nothing is deleted until you confirm."
 
 
 def plan_frame(plan: pd.DataFrame) -> pd.DataFrame:
@@ -70,7 +73,7 @@ class RetentionView(pn.viewable.Viewer):
         self.workspace: Workspace = as_workspace(workspace)
         super().__init__(**params)
         self.plan: pd.DataFrame | None = None
-        self.message = notice("Set a policy and press **Plan**.", kind="info",
+        self.message = notice(START, kind="info",
                                      css_classes=["ckptview-retention-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
         self.plan_button = pn.widgets.Button(label="Plan", color="primary", align="end",
@@ -95,7 +98,12 @@ class RetentionView(pn.viewable.Viewer):
             css_classes=["ckptview-confirm"],
         )  # fmt: skip
         self.table = table(pd.DataFrame(columns=PLAN_SHOWN), pagination="remote", page_size=20,
-                           formatters={"action": {"type": "html"}, "size": size_formatter()},
+                           formatters={"action": {"type": "html"}, "size": size_formatter(),
+                                       "reason": {"type": "textarea"},
+                                       "path": {"type": "textarea"}},
+                           layout="fit_columns", visible=False,
+                           widths={"serial": 82, "action": 110, "size": 95, "step": 70,
+                                   "time": 150},
                            css_classes=["ckptview-retention-table"])  # fmt: skip
         self.body = pn.Column(self.message, pn.Row(self.delete, self.save_button), self.dialog,
                               self.table, sizing_mode="stretch_width")  # fmt: skip
@@ -157,9 +165,18 @@ class RetentionView(pn.viewable.Viewer):
     @param.depends("run", "keep_last", "keep_every", "every_by", "best_metric", "best_n",
                    "best_mode", "pinned", "older_than", "slim_older_than", watch=True)  # fmt: skip
     def _forget_plan(self) -> None:
+        if self.plan is not None:  # the plan on screen is for another policy: not shown
+            set_notice(self.message, START, "info")
+            self.clear()
         self.plan = None
         self.delete.visible = False
         self.dialog.open = False
+
+    def clear(self) -> None:
+        """Take the last plan or result off the screen (after a refusal, or a new policy)."""
+        self.plan = None
+        self.delete.visible = self.dialog.open = self.table.visible = False
+        self.table.value = pd.DataFrame(columns=PLAN_SHOWN)
 
     # -- plan -------------------------------------------------------------------------------
     def make_plan(self) -> pd.DataFrame:
@@ -183,6 +200,7 @@ class RetentionView(pn.viewable.Viewer):
         shown["action"] = [badge(a) for a in shown["action"]]
         shown["size"] = [int(n) for n in plan["nbytes"]]  # bytes, shown readable: sorts by size
         self.table.value = shown
+        self.table.visible = True
         doomed = self.doomed()
         freed = int(plan.loc[doomed, "frees"].sum()) if doomed else 0
         n_slim = int((plan["action"] == "slim").sum())
@@ -202,7 +220,8 @@ class RetentionView(pn.viewable.Viewer):
         try:
             self.show_plan(await in_background(self.body, self.make_plan))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            set_notice(self.message, md_error(e), "danger")
+            self.clear()
+            set_notice(self.message, md_problem(e, "plan"), "danger")
 
     # -- confirm and apply ------------------------------------------------------------------
     def ask(self) -> None:
@@ -225,8 +244,8 @@ class RetentionView(pn.viewable.Viewer):
         try:
             self.ask()
         except Exception as e:  # noqa: BLE001 - refusals are shown, never raised
-            self.delete.visible = False
-            set_notice(self.message, md_error(e), "danger")
+            self.clear()
+            set_notice(self.message, md_problem(e, "delete"), "danger")
 
     def _on_cancel(self, event=None) -> None:
         self.dialog.open = False
@@ -259,12 +278,10 @@ class RetentionView(pn.viewable.Viewer):
                     badge("slimmed" if a == "slim" else "deleted")
                     for a in deleted.get("action", ["delete"] * len(deleted))
                 ],  # fmt: skip
-                "reason": [str(p) for p in deleted.get("path", [""] * len(deleted))],
                 "size": [int(n) for n in deleted["nbytes"]],
-                "step": [None] * len(deleted),
-                "time": [""] * len(deleted),
+                "path": [str(p) for p in deleted.get("path", [""] * len(deleted))],
             },
-            columns=PLAN_SHOWN,
+            columns=DONE_SHOWN,
         ).astype(object)
         self.workspace.touch()
 
@@ -273,8 +290,8 @@ class RetentionView(pn.viewable.Viewer):
         try:
             self.show_result(await in_background(self.body, self.apply))
         except Exception as e:  # noqa: BLE001 - refusals and failures are shown
-            self.dialog.open = False
-            set_notice(self.message, md_error(e), "danger")
+            self.clear()
+            set_notice(self.message, md_problem(e, "delete"), "danger")
         finally:
             self.confirm.disabled = False
 
@@ -289,12 +306,12 @@ class RetentionView(pn.viewable.Viewer):
             self.save()
             set_notice(self.message, f"Policy saved with {md_code(self.run)}.", "success")
         except Exception as e:  # noqa: BLE001
-            set_notice(self.message, md_error(e), "danger")
+            set_notice(self.message, md_problem(e, "save the policy"), "danger")
 
     def __panel__(self):
         w = pn.widgets
         form = pn.Column(
-            pn.Row(
+            form_row(
                 w.Select.from_param(self.param.run, label="run", width=170,
                                     css_classes=["ckptview-retention-run"]),
                 w.IntInput.from_param(self.param.keep_last, label="keep last N (0 off)", width=140,
@@ -308,7 +325,7 @@ class RetentionView(pn.viewable.Viewer):
                                        placeholder="7d: drop optimizer state", width=150,
                                        css_classes=["ckptview-slim-older-than"]),
             ),
-            pn.Row(
+            form_row(
                 w.Select.from_param(self.param.best_metric, label="best N by metric", width=170,
                                     css_classes=["ckptview-best-metric"]),
                 w.IntInput.from_param(self.param.best_n, label="N", width=80),
@@ -316,5 +333,6 @@ class RetentionView(pn.viewable.Viewer):
                 w.MultiChoice.from_param(self.param.pinned, label="pinned serials", width=300),
                 self.plan_button,
             ),
+            sizing_mode="stretch_width",
         )  # fmt: skip
         return pn.Column(form, self.body, sizing_mode="stretch_width")

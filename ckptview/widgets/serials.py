@@ -10,12 +10,20 @@ import param
 import ckptview as cv
 
 from . import plots
-from ._base import in_background, notice, refresh_if_changed, set_notice, size_formatter, table
+from ._base import (
+    in_background,
+    notice,
+    refresh_if_changed,
+    set_notice,
+    size_formatter,
+    table,
+    wrapping,
+)
 from ._format import (
     badge,
     html_choices,
     md_code,
-    md_error,
+    md_problem,
     md_text,
     metrics_wide,
     serials_frame,
@@ -27,6 +35,12 @@ BASE_COLUMNS = ["serial", "status", "size", "time", "epoch", "step", "files", "v
                 "nodes"]  # fmt: skip
 VERDICT_COLUMNS = ("nbytes", "loadable", "error", "warning")
 DEFAULT_METRICS = 2  # metric columns shown by default (the rest via the column chooser)
+#: fixed widths of the short columns; the others (time, nodes, metrics, error text) share the
+#: rest of the page's width and wrap, so the table fits a 1280-pixel screen and fills a wide one
+SERIAL_WIDTHS = {"serial": 74, "status": 100, "size": 86, "epoch": 76,
+                 "step": 66, "files": 62, "variables": 96, "loadable": 72,
+                 "nodes": "16%"}  # fmt: skip
+SHORT_TITLES = {"loadable": "loads"}  # the column's width is its values', not its name's
 
 
 def _empty(col: pd.Series) -> bool:
@@ -35,6 +49,10 @@ def _empty(col: pd.Series) -> bool:
 
 #: the timeline choice that shows ``cat.usage()`` as stacked bars
 BY_KIND = "bytes by kind"
+#: timeline choices read from the serials table (label -> column); metrics come after them
+TIMELINE = {"size": "nbytes", "epoch": "epoch", "step": "step", "variables": "variables",
+            "files": "files"}  # fmt: skip
+COUNTS = ("epoch", "step", "variables", "files")  # whole numbers: integer ticks
 
 
 class SerialsTable(pn.viewable.Viewer):
@@ -58,16 +76,16 @@ class SerialsTable(pn.viewable.Viewer):
         self.frame = serials_frame(catalog)
         self._fields: dict[str, str] = {}  # metric name -> its column's field in the table
         self._set_choices()
-        self.summary = pn.pane.Markdown(self._summary(), css_classes=["ckptview-summary"],
-                                        sizing_mode="stretch_width")  # fmt: skip
+        self.summary = pn.pane.Markdown(self._summary(),
+                                        **wrapping(css_classes=["ckptview-summary"]))  # fmt: skip
         self.live = notice("", kind="info", visible=False, css_classes=["ckptview-live"])
         self.table = table(
             self._shown(), titles=self._titles(), pagination="remote", page_size=self.page_size,
             selectable=1,
             hidden_columns=self._hidden(), header_align="left", css_classes=["ckptview-serials"],
-            formatters={"status": {"type": "html"}, "size": size_formatter()},
-            widths={"status": 110, "size": 95, "time": 165, "error": 320},
-            text_align={"size": "right"},
+            formatters={"status": {"type": "html"}, "size": size_formatter(),
+                        **{c: {"type": "textarea"} for c in ("nodes", "error", "warning")}},
+                **self._sizing(), text_align={"size": "right"},
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
         latest = catalog.latest
@@ -92,11 +110,18 @@ class SerialsTable(pn.viewable.Viewer):
         return self._fields.setdefault(column, f"metric_{len(self._fields)}")
 
     def _titles(self) -> dict[str, str]:
-        return {self._field(c): c for c in self._metric_columns()}
+        return {**SHORT_TITLES, **{self._field(c): c for c in self._metric_columns()}}
 
     def _set_choices(self) -> None:
-        metrics = [str(c) for c in metrics_wide(self.catalog).columns]
-        self.param.y.objects = ["size", BY_KIND, *metrics]
+        recorded = [k for k, c in TIMELINE.items() if not _empty(self.frame[c])]
+        self._metric_y = {
+            (str(c) if str(c) not in (*TIMELINE, BY_KIND) else f"{c} (metric)"): c
+            for c in metrics_wide(self.catalog).columns
+        }  # label -> metric name
+        self.param.y.objects = ["size", BY_KIND, *[k for k in recorded if k != "size"],
+                                *self._metric_y]  # fmt: skip
+        if self.y not in self.param.y.objects:
+            self.y = "size"
         optional = [*BASE_COLUMNS[2:], *self._metric_columns(), "loadable", "error", "warning"]
         self.param.columns.objects = html_choices(optional)  # the chooser renders HTML labels
         if not self.columns:  # default: the essentials, the first metrics, no empty columns
@@ -111,10 +136,18 @@ class SerialsTable(pn.viewable.Viewer):
         keep = {"serial", "status", *self.columns}
         return [self._field(c) for c in self.frame.columns if c not in keep]
 
+    def _sizing(self) -> dict:
+        """Column widths and layout: with nodes, metrics or error text shown, they share what
+        the short columns (:data:`SERIAL_WIDTHS`) leave of the page's width, wrapping; with
+        short columns only, each is as wide as its data and the last one fills the row."""
+        if any(c not in (*SERIAL_WIDTHS, "time") for c in self.columns):
+            return {"widths": {**SERIAL_WIDTHS, "time": 150}, "layout": "fit_columns"}
+        return {"widths": {}, "layout": "fit_data_stretch"}
+
     @param.depends("columns", watch=True)
     def _on_columns(self) -> None:
         if hasattr(self, "table"):
-            self.table.hidden_columns = self._hidden()
+            self.table.param.update(hidden_columns=self._hidden(), **self._sizing())
 
     def _shown(self) -> pd.DataFrame:
         shown = self.frame.rename(columns=self._field)
@@ -184,6 +217,7 @@ class SerialsTable(pn.viewable.Viewer):
         page, selected = self.table.page, self.selected
         self._set_choices()
         self.table.param.update(hidden_columns=self._hidden(), titles=self._titles(),
+                                **self._sizing(),
                                 value=self._shown())  # fmt: skip
         if selected is not None and selected in set(self.frame["serial"]):
             self.select(selected)
@@ -219,7 +253,7 @@ class SerialsTable(pn.viewable.Viewer):
         try:
             await in_background(None, self.check)
         except Exception as e:  # noqa: BLE001 - a storage hiccup: shown, polling goes on
-            set_notice(self.live, f"could not check the tree: {md_error(e)}", "warning")
+            set_notice(self.live, md_problem(e, "check the tree for new serials"), "warning")
             self.live.visible = True
             return
         self.sync()
@@ -249,17 +283,24 @@ class SerialsTable(pn.viewable.Viewer):
     # -- view ---------------------------------------------------------------------------------
     @param.depends("y", "version")
     def timeline(self) -> hv.Element:
-        """Size (MiB) or a metric over step (or over serial where steps are unknown)."""
+        """Size (MiB), epoch, step, counts or a metric over step (or over serial where steps
+        are unknown or are what is plotted)."""
         f = self.frame.copy()
         has_steps = f["step"].notna().all() and f["step"].nunique() == len(f)
-        x = "step" if has_steps else "serial"
+        x = "step" if has_steps and self.y not in ("epoch", "step") else "serial"
         if self.y == "size":
             f["MiB"] = f["nbytes"].astype("float64") / 2**20
             return plots.timeline(f, x, "MiB", "size (MiB)", "serials: size")
         if self.y == BY_KIND:
             return plots.usage_bars(self.catalog.usage())
+        if self.y in TIMELINE:
+            column = TIMELINE[self.y]
+            f[self.y] = pd.to_numeric(f[column], errors="coerce")
+            return plots.timeline(f, x, self.y, self.y, f"serials: {self.y}",
+                                  integer_y=self.y in COUNTS)  # fmt: skip
         m = metrics_wide(self.catalog)
-        f[self.y] = [m[self.y].get(s) if self.y in m else None for s in f["serial"]]
+        name = self._metric_y.get(self.y, self.y)
+        f[self.y] = [m[name].get(s) if name in m else None for s in f["serial"]]
         f[self.y] = pd.to_numeric(f[self.y], errors="coerce")
         return plots.timeline(f, x, self.y, self.y, f"serials: {self.y}")
 

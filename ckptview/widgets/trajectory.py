@@ -10,8 +10,8 @@ import ckptview as cv
 from ckptview.dtypes import is_numeric
 
 from . import plots
-from ._base import in_background
-from ._format import html_choices, md_code, md_error, md_text
+from ._base import form_row, in_background
+from ._format import html_choices, md_code, md_problem, md_text
 
 STATS = ["l2", "mean", "std", "min", "max", "frac_zero", "n_nan", "n_inf"]
 
@@ -64,10 +64,10 @@ class TrajectoryPlot(pn.viewable.Viewer):
         try:
             self.show(await in_background(self.plot, self.compute))
         except Exception as e:  # noqa: BLE001 - shown to the user
-            self.message.object = f"**could not compute:** {md_error(e)}"
+            self.message.object = md_problem(e, "compute the trajectory")
 
     def __panel__(self):
-        controls = pn.Row(
+        controls = form_row(
             pn.widgets.MultiChoice.from_param(self.param.names, label="variables", width=520,
                                               css_classes=["ckptview-trajectory-names"]),
             pn.widgets.Select.from_param(self.param.stat, label="statistic", width=140),

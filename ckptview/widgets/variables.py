@@ -8,10 +8,13 @@ import param
 
 import ckptview as cv
 
-from ._base import size_formatter, table
+from ._base import form_row, share_formatter, size_formatter, table
 from ._format import badge, html_choices, human_bytes, totals_frame, variables_frame
 
 SHOWN = ["name", "node", "kind", "dtype", "shape", "numel", "size", "share", "error"]
+#: fixed widths of the short columns; name, node and error share the rest (and wrap)
+VARIABLE_WIDTHS = {"kind": 110, "dtype": 85, "shape": 95, "numel": 80, "size": 90,
+                   "share": 110}  # fmt: skip
 
 
 def _bytes_size(frame: pd.DataFrame) -> pd.DataFrame:
@@ -44,10 +47,9 @@ class VariablesTable(pn.viewable.Viewer):
                                         sizing_mode="stretch_width")  # fmt: skip
         self.table = table(
             pd.DataFrame(columns=SHOWN), pagination="remote", page_size=50, selectable=1,
-            formatters={"share": {"type": "progress", "max": 100, "legend": True,
-                                  "color": "#90caf9", "legendAlign": "left"},
-                        "size": size_formatter()},
-            titles={"share": "% of serial"}, widths={"share": 130, "size": 95, "error": 320},
+            formatters={"share": share_formatter(), "size": size_formatter(),
+                        "error": {"type": "textarea"}},
+            titles={"share": "% of serial"}, layout="fit_columns", widths=VARIABLE_WIDTHS,
             text_align={"size": "right", "numel": "right"}, css_classes=["ckptview-variables"],
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
@@ -125,7 +127,7 @@ class VariablesTable(pn.viewable.Viewer):
             self.selected = (str(row["node"]), str(row["name"]))
 
     def __panel__(self):
-        filters = pn.Row(
+        filters = form_row(
             pn.widgets.TextInput.from_param(self.param.name_filter, label="name contains",
                                             width=220, css_classes=["ckptview-name-filter"]),
             pn.widgets.MultiChoice.from_param(self.param.kinds, label="kind", width=200),

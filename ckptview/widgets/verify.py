@@ -9,7 +9,7 @@ import param
 import ckptview as cv
 
 from ._base import in_background, notice, set_notice, table
-from ._format import md_error
+from ._format import md_problem
 
 SHOWN = ["file", "check", "severity", "message"]
 
@@ -29,7 +29,10 @@ class VerifyPanel(pn.viewable.Viewer):
         self.button.on_click(self._on_verify)
         self.message = notice("", visible=False, css_classes=["ckptview-verify-result"])
         self.findings = table(pd.DataFrame(columns=SHOWN), css_classes=["ckptview-findings"],
-                              widths={"message": 480}, visible=False)  # fmt: skip
+                              layout="fit_columns", widths={"check": 130, "severity": 90},
+                              formatters={"file": {"type": "textarea"},
+                                          "message": {"type": "textarea"}},
+                              visible=False)  # fmt: skip
         self.body = pn.Column(
             pn.Row(self.button, pn.widgets.Checkbox.from_param(self.param.deep, label="deep")),
             self.message, self.findings, sizing_mode="stretch_width",
@@ -62,7 +65,7 @@ class VerifyPanel(pn.viewable.Viewer):
         try:
             self.show(await in_background(self.body, self.run))
         except Exception as e:  # noqa: BLE001 - shown to the user, never a dead page
-            set_notice(self.message, f"verify failed: {md_error(e)}", "danger")
+            set_notice(self.message, md_problem(e, "verify"), "danger")
             self.message.visible = True
 
     def __panel__(self):
