@@ -82,6 +82,13 @@ class Storage:
             raise MissingDependencyError(_missing_filesystem(url, e)) from None
         return cls(fs), path.rstrip("/") or "/"
 
+    @property
+    def local(self) -> bool:
+        """True for a local (or in-memory) filesystem: reads cost no round trip, so header
+        parsing is CPU work that threads would only contend for (the GIL)."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        return bool({"file", "local", "memory"} & set(protocols))
+
     def url(self, path: str) -> str:
         """A URL for a path, with the protocol for non-local filesystems."""
         protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)

@@ -17,7 +17,7 @@ from ..layouts.base import Layout
 from ..model import FileRef, SerialInfo, TreeScan, VarInfo
 from ..tree import Tree
 from .cache import HeaderCache, resolve
-from .listing import FileResult, default_executor, run_listings
+from .listing import FileResult, default_executor, paused_gc, run_listings
 from .logical import ASSEMBLED, Logical, Placed, assemble, iter_assembled, read_assembled
 from .quant import QUANTIZED, iter_quantized, read_quantized
 from .quant import group as group_quantized
@@ -86,7 +86,7 @@ class Scan:
 
     def file_results(self) -> list[FileResult]:
         """Every data file listed (codec, variables, error), in the layout's order."""
-        with self._lock:
+        with self._lock, paused_gc:
             if self._results is None:
                 jobs = [(s.serial, ref) for s in self.tree_scan.serials for ref in s.files]
                 self._results = self._run(jobs)
@@ -96,7 +96,7 @@ class Scan:
     def logical(self) -> Logical:
         """The file results with each logical tensor's pieces assembled (DESIGN.md §3b)."""
         results = self.file_results()
-        with self._lock:
+        with self._lock, paused_gc:
             if self._logical is None:
                 grouped, quantized = group_quantized(results)
                 logical = assemble(grouped, self._pieces_of)
@@ -116,8 +116,12 @@ class Scan:
         return marked
 
     def _run(self, jobs: list[tuple[int, FileRef]]) -> list[FileResult]:
-        """List files through the header cache; misses run concurrently on the executor."""
-        executor = self.executor or default_executor()
+        """List files through the header cache; misses run concurrently on the executor given,
+        else on the shared thread pool for remote storage (I/O waits overlap) and in this
+        thread for local files (parsing is CPU work: threads would only contend for the GIL)."""
+        executor = self.executor
+        if executor is None and not self.storage.local:
+            executor = default_executor()
         return run_listings(self.storage, self.tree, jobs, executor, self.cache, self.progress)
 
     def __getstate__(self) -> dict:  # picklable for process executors (Dask diff/stats jobs)
@@ -139,7 +143,8 @@ class Scan:
     def _table(self, name: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         with self._lock:
             if name not in self._tables:
-                self._tables[name] = build()
+                with paused_gc:  # a table of a million rows: no collection walks it midway
+                    self._tables[name] = build()
             return self._tables[name]
 
     @property
