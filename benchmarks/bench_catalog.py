@@ -236,15 +236,20 @@ def bench_scale(base: Path, repeat: int) -> None:
     if not (st / "step_1000.safetensors").exists():
         subprocess.run([sys.executable, "-c", WRITE_ST_SCALE, str(st), "1000", "1000"], check=True)
     rows = []
-    contenders = [("header floor (read + json.loads)", SCALE_ST_FLOOR),
-                  ("ckptview", SCALE_CKPTVIEW), ("ckptview, header-cache hit", SCALE_CACHE_HIT)]
+    contenders = [
+        ("header floor (read + json.loads)", SCALE_ST_FLOOR),
+        ("ckptview", SCALE_CKPTVIEW),
+        ("ckptview, header-cache hit", SCALE_CACHE_HIT),
+    ]
     if has_module("safetensors"):
         contenders.append(("safetensors.safe_open", SCALE_SAFE_OPEN))
     for name, script in contenders:
         rec = run_contender(script, str(st), repeat=repeat)
         rows.append({"name": name, **rec})
         print("scale st", name, json.dumps(rec), file=sys.stderr)
-    print("\n### Catalog scan, 1,000 serials x 1,000 safetensors tensors (1 M rows), fresh process\n")
+    print(
+        "\n### Catalog scan, 1,000 serials x 1,000 safetensors tensors (1 M rows), fresh process\n"
+    )
     print(table(rows, rows[0]["name"]))
     per_serial = {}
     for serials in (100, 1000):
@@ -259,15 +264,19 @@ def bench_scale(base: Path, repeat: int) -> None:
             rows.append({"name": name, **rec})
             print("scale paddle", serials, name, json.dumps(rec), file=sys.stderr)
         per_serial[serials] = rows[1]["seconds"] / serials
-        print(f"\n### Catalog scan, paddle-fluid, {serials} serials x 60 small files "
-              f"({serials * 61:,} files), fresh process\n")
+        print(
+            f"\n### Catalog scan, paddle-fluid, {serials} serials x 60 small files "
+            f"({serials * 61:,} files), fresh process\n"
+        )
         print(table(rows, rows[0]["name"]))
     growth = per_serial[1000] / per_serial[100]
     print("\n### Per-serial cost, paddle-fluid, 1,000 vs 100 serials (60 files each)\n")
     print("| serials | ckptview s per serial | ratio vs 100 serials |\n|---|---:|---:|")
     for serials in (100, 1000):
-        print(f"| {serials} | {per_serial[serials] * 1000:.2f} ms | "
-              f"{per_serial[serials] / per_serial[100]:.2f} |")
+        print(
+            f"| {serials} | {per_serial[serials] * 1000:.2f} ms | "
+            f"{per_serial[serials] / per_serial[100]:.2f} |"
+        )
     print(f"\nper-serial growth 100 -> 1,000 serials: {growth:.2f}x")
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
-from .io import Blob, Storage, normalize_info
+from .io import Blob, Storage
 from .model import META_DIR
 
 
@@ -52,13 +52,13 @@ class Tree:
     def entries(self) -> dict[str, dict]:
         if self._entries is not None:
             return self._entries
-        found = self.storage.fs.find(self.root, withdirs=True, detail=True)
+        found = self.storage.find(self.root)
         out = {}
         meta = set()
         for path, inf in found.items():
             rel = self.rel(path)
             if rel and not rel.startswith(META_DIR):
-                out[rel] = normalize_info(inf)
+                out[rel] = inf
             elif rel.startswith(META_DIR + "/"):
                 meta.add(rel)
         self.meta_files = meta
