@@ -11,16 +11,16 @@ import gc
 import json
 import struct
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import np_dtype, packed_nbytes, unpack_bits
 from ..formats.safetensors import DTYPES, PACKED
-from ..formats.small import loads_json
+from ..formats.small import check_depth, loads_json
 from ..io import Blob
-from ..model import Piece, Span, VarInfo
+from ..model import Piece, Span, VarColumns, VarInfo
 from .base import Codec, CodecTier, PartialRead
 
 #: the reference parser refuses larger headers
@@ -43,12 +43,15 @@ class SafetensorsCodec(Codec):
         (n,) = struct.unpack("<Q", head[:8])
         return 2 <= n <= MAX_HEADER
 
-    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo] | VarColumns:
         raw, data_start = header_bytes(blob)
-        if len(raw) < GC_PAUSE_BYTES:
-            return self._variables(blob, parse_header(blob, raw), data_start)
-        with gc_paused():
-            return self._variables(blob, parse_header(blob, raw), data_start)
+        with gc_paused() if len(raw) >= GC_PAUSE_BYTES else nullcontext():
+            header = parse_header(blob, raw, walk=False)
+            columns = _columns(blob, header, data_start)
+            if columns is not None:
+                return columns
+            check_depth(header)  # the unusual entries and metadata are kept: check them all
+            return self._variables(blob, header, data_start)
 
     @staticmethod
     def _variables(blob: Blob, header: dict, data_start: int) -> list[VarInfo]:
@@ -137,6 +140,75 @@ class SafetensorsCodec(Codec):
         yield from super().iter_chunks(blob, var, max_bytes)
 
 
+def _columns(blob: Blob, header: dict, data_start: int) -> VarColumns | None:
+    """A big header's variables as columns when every entry is well formed, lies inside the
+    file and none overlaps; None (the caller's general path) for anything else: a malformed
+    or packed entry, DCP sharding info, metadata that is not a flat string map."""
+    meta = header.get("__metadata__")
+    if meta is not None:
+        if type(meta) is not dict or "DCP_SHARDING_INFO" in meta:
+            return None
+        if any(type(v) is not str for v in meta.values()):
+            return None
+        meta = dict(meta) or None
+    path, size = blob.path, blob.size
+    names: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    numels: list[int] = []
+    sizes: list[int] = []
+    offsets: list[int] = []
+    disks: list[str | None] = []
+    codes: list[str] = []
+    info_of = _INFO.get
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if type(entry) is not dict or not name:
+            return None
+        code = entry.get("dtype")
+        shape = entry.get("shape")
+        span = entry.get("data_offsets")
+        info = info_of(code) if type(code) is str else None
+        if info is None or type(shape) is not list or type(span) is not list or len(span) != 2:
+            return None
+        begin, end = span
+        if type(begin) is not int or type(end) is not int or not 0 <= begin <= end:
+            return None
+        numel = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                return None
+            numel *= d
+        nbytes = end - begin
+        offset = data_start + begin
+        if numel * info[1] != nbytes or offset + nbytes > size:
+            return None
+        names.append(name)
+        dtypes.append(info[0])
+        shapes.append(tuple(shape))
+        numels.append(numel)
+        sizes.append(nbytes)
+        offsets.append(offset)
+        disks.append(info[2])
+        codes.append(code)
+    if _overlap(offsets, sizes) is not None:
+        return None  # the general path names the pair
+    return VarColumns(path, names, dtypes, shapes, numels, sizes, offsets, disks, codes,
+                      "safetensors_dtype", meta)  # fmt: skip
+
+
+def _overlap(offsets: list[int], sizes: list[int]) -> int | None:
+    """The position (in byte order) of a span overlapping the next, else None."""
+    if len(offsets) < 2:
+        return None
+    begin = np.array(offsets, np.int64)
+    end = begin + np.array(sizes, np.int64)
+    order = np.lexsort((end, begin))  # empty tensors first at a shared offset
+    bad = np.nonzero(begin[order][1:] < end[order][:-1])[0]
+    return int(bad[0]) if len(bad) else None
+
+
 def read_header(blob: Blob) -> tuple[dict, int]:
     """The parsed JSON header and the absolute offset of the byte buffer (two reads)."""
     raw, data_start = header_bytes(blob)
@@ -155,9 +227,11 @@ def header_bytes(blob: Blob) -> tuple[bytes, int]:
     return blob.read(8, n), 8 + n
 
 
-def parse_header(blob: Blob, raw: bytes) -> dict:
+def parse_header(blob: Blob, raw: bytes, walk: bool = True) -> dict:
+    """The header as a dict; ``walk=False``: not checked for deep nesting (the caller checks
+    what it keeps)."""
     try:
-        header = loads_json(raw.decode("utf-8"))
+        header = loads_json(raw.decode("utf-8"), walk)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{blob.name}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from ..model import FileRef
+from ..model import FileRef, VarColumns
 from ..tree import Tree
 
 #: a cached file listing: (codec name, variables, error)
@@ -158,7 +158,7 @@ class HeaderCache:
 def _weight(value: Any) -> int:
     if isinstance(value, (bytes, bytearray)):
         return 1 + len(value) // 1024
-    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], list):
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], (list, VarColumns)):
         return 1 + len(value[1])
     return 1
 
