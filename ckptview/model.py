@@ -85,13 +85,14 @@ class VarColumns(Sequence):
     access (a read, a diff, a verify), for the whole file at once, and kept.
 
     Every variable is plain and readable: no error, no kind, no piece, a C-order span in
-    ``path`` at ``offsets[i]`` of ``nbytes[i]`` bytes stored as ``disks[i]``; ``attrs`` is
+    ``path`` at ``offsets[i]`` of ``nbytes[i]`` bytes stored as ``disks[i]`` (``numels``,
+    ``nbytes`` and ``offsets`` are int64 numpy arrays); ``attrs`` is
     ``{key: codes[i]}`` plus ``{"metadata": meta}`` when there is one (shared by the
     file's variables, as a codec's per-file metadata is)."""
 
     def __init__(self, path: str, names: list[str], dtypes: list[str],
-                 shapes: list[tuple[int, ...]], numels: list[int], nbytes: list[int],
-                 offsets: list[int], disks: list[str | None], codes: list[str], key: str,
+                 shapes: list[tuple[int, ...]], numels: Any, nbytes: Any, offsets: Any,
+                 disks: list[str | None], codes: list[str], key: str,
                  meta: dict | None = None):  # fmt: skip
         self.path = path
         self.names, self.dtypes, self.shapes, self.numels = names, dtypes, shapes, numels
@@ -111,8 +112,8 @@ class VarColumns(Sequence):
             path, key, meta = self.path, self.key, self.meta
             out = []
             for name, dtype, shape, nbytes, offset, disk, code in zip(
-                self.names, self.dtypes, self.shapes, self.nbytes, self.offsets, self.disks,
-                self.codes,
+                self.names, self.dtypes, self.shapes, self.nbytes.tolist(),
+                self.offsets.tolist(), self.disks, self.codes,
             ):  # fmt: skip
                 attrs = {key: code, "metadata": meta} if meta else {key: code}
                 out.append(VarInfo(name, dtype, shape, nbytes, None, None,

@@ -46,11 +46,15 @@ class SafetensorsCodec(Codec):
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo] | VarColumns:
         raw, data_start = header_bytes(blob)
         with gc_paused() if len(raw) >= GC_PAUSE_BYTES else nullcontext():
-            header = parse_header(blob, raw, walk=False)
+            header = parse_header(blob, raw, walk=False, dupes=False)
             columns = _columns(blob, header, data_start)
             if columns is not None:
+                meta = header.get("__metadata__")
+                extra = 1 if type(meta) is dict and "data_offsets" in meta else 0
+                check_duplicates(blob, raw, header, len(columns) + extra)
                 return columns
             check_depth(header)  # the unusual entries and metadata are kept: check them all
+            check_duplicates(blob, raw, header)
             return self._variables(blob, header, data_start)
 
     @staticmethod
@@ -141,7 +145,7 @@ class SafetensorsCodec(Codec):
 
 
 def _columns(blob: Blob, header: dict, data_start: int) -> VarColumns | None:
-    """A big header's variables as columns when every entry is well formed, lies inside the
+    """A header's variables as columns when every entry is well formed, lies inside the
     file and none overlaps; None (the caller's general path) for anything else: a malformed
     or packed entry, DCP sharding info, metadata that is not a flat string map."""
     meta = header.get("__metadata__")
@@ -151,59 +155,75 @@ def _columns(blob: Blob, header: dict, data_start: int) -> VarColumns | None:
         if any(type(v) is not str for v in meta.values()):
             return None
         meta = dict(meta) or None
-    path, size = blob.path, blob.size
+    size = blob.size
     names: list[str] = []
     dtypes: list[str] = []
     shapes: list[tuple[int, ...]] = []
     numels: list[int] = []
-    sizes: list[int] = []
-    offsets: list[int] = []
+    begins: list[int] = []
+    ends: list[int] = []
+    itemsizes: list[int] = []
     disks: list[str | None] = []
     codes: list[str] = []
+    seen: dict[tuple, tuple[tuple[int, ...], int]] = {}  # shape -> (shared tuple, numel)
     info_of = _INFO.get
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if type(entry) is not dict or not name:
-            return None
-        code = entry.get("dtype")
-        shape = entry.get("shape")
-        span = entry.get("data_offsets")
-        info = info_of(code) if type(code) is str else None
-        if info is None or type(shape) is not list or type(span) is not list or len(span) != 2:
-            return None
-        begin, end = span
-        if type(begin) is not int or type(end) is not int or not 0 <= begin <= end:
-            return None
-        numel = 1
-        for d in shape:
-            if type(d) is not int or d < 0:
+    try:
+        for name, entry in header.items():
+            if type(entry) is not dict or not name:
+                if name == "__metadata__":
+                    continue
                 return None
-            numel *= d
-        nbytes = end - begin
-        offset = data_start + begin
-        if numel * info[1] != nbytes or offset + nbytes > size:
-            return None
-        names.append(name)
-        dtypes.append(info[0])
-        shapes.append(tuple(shape))
-        numels.append(numel)
-        sizes.append(nbytes)
-        offsets.append(offset)
-        disks.append(info[2])
-        codes.append(code)
-    if _overlap(offsets, sizes) is not None:
-        return None  # the general path names the pair
-    return VarColumns(path, names, dtypes, shapes, numels, sizes, offsets, disks, codes,
-                      "safetensors_dtype", meta)  # fmt: skip
-
-
-def _overlap(offsets: list[int], sizes: list[int]) -> int | None:
-    """The position (in byte order) of a span overlapping the next, else None."""
-    if len(offsets) < 2:
+            shape = entry["shape"]
+            begin, end = entry["data_offsets"]
+            info = info_of(entry["dtype"])
+            if info is None or type(shape) is not list or type(begin) is not int:
+                return None
+            if type(end) is not int or not 0 <= begin <= end:
+                return None
+            key = tuple(shape)
+            hit = seen.get(key)
+            if hit is None:
+                numel = 1
+                for d in key:
+                    if type(d) is not int or d < 0:
+                        return None
+                    numel *= d
+                hit = seen[key] = (key, numel)
+            names.append(name)
+            shapes.append(hit[0])
+            numels.append(hit[1])
+            begins.append(begin)
+            ends.append(end)
+            dtypes.append(info[0])
+            itemsizes.append(info[1])
+            disks.append(info[2])
+            codes.append(info[3])
+    except (KeyError, TypeError, ValueError):  # a missing field, a list where a dict is, …
         return None
-    begin = np.array(offsets, np.int64)
-    end = begin + np.array(sizes, np.int64)
+    if not names and meta is None and header:
+        return None
+    try:
+        numel_a = np.array(numels, np.int64)
+        begin_a = np.array(begins, np.int64)
+        nbytes_a = np.array(ends, np.int64) - begin_a
+    except OverflowError:
+        return None
+    offsets_a = begin_a + data_start
+    if len(names) and (
+        not np.array_equal(numel_a * np.array(itemsizes, np.int64), nbytes_a)
+        or int((offsets_a + nbytes_a).max()) > size
+        or _overlap(offsets_a, nbytes_a) is not None
+    ):
+        return None  # the general path says which entry and why
+    return VarColumns(blob.path, names, dtypes, shapes, numel_a, nbytes_a, offsets_a, disks,
+                      codes, "safetensors_dtype", meta)  # fmt: skip
+
+
+def _overlap(begin: np.ndarray, sizes: np.ndarray) -> int | None:
+    """The position (in byte order) of a span overlapping the next, else None."""
+    if len(begin) < 2:
+        return None
+    end = begin + sizes
     order = np.lexsort((end, begin))  # empty tensors first at a shared offset
     bad = np.nonzero(begin[order][1:] < end[order][:-1])[0]
     return int(bad[0]) if len(bad) else None
@@ -227,16 +247,26 @@ def header_bytes(blob: Blob) -> tuple[bytes, int]:
     return blob.read(8, n), 8 + n
 
 
-def parse_header(blob: Blob, raw: bytes, walk: bool = True) -> dict:
+def parse_header(blob: Blob, raw: bytes, walk: bool = True, dupes: bool = True) -> dict:
     """The header as a dict; ``walk=False``: not checked for deep nesting (the caller checks
-    what it keeps)."""
+    what it keeps); ``dupes=False``: not checked for names given twice (the caller calls
+    :func:`check_duplicates`)."""
     try:
         header = loads_json(raw.decode("utf-8"), walk)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{blob.name}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{blob.name}: header is not a JSON object")
-    entries = sum(1 for e in header.values() if type(e) is dict and "data_offsets" in e)
+    if dupes:
+        check_duplicates(blob, raw, header)
+    return header
+
+
+def check_duplicates(blob: Blob, raw: bytes, header: dict, entries: int | None = None) -> None:
+    """ValueError when the header names a tensor twice (JSON keeps the last); ``entries``:
+    how many of the header's values are objects with ``data_offsets``, when known."""
+    if entries is None:
+        entries = sum(1 for e in header.values() if type(e) is dict and "data_offsets" in e)
     if raw.count(b'"data_offsets"') != entries:  # a name twice, or the word in a string
         dupes = _duplicate_names(raw)
         if dupes:
@@ -244,7 +274,6 @@ def parse_header(blob: Blob, raw: bytes, walk: bool = True) -> dict:
                 f"{blob.name}: header names {dupes[0]!r} twice (the safetensors loader "
                 "refuses duplicate keys)"
             )
-    return header
 
 
 def _duplicate_names(raw: bytes) -> list[str]:
@@ -335,7 +364,7 @@ def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
     info = _INFO.get(code) if isinstance(code, str) else None
     if info is None:  # unknown codes: listed as opaque bytes
         return VarInfo(name, "object", tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
-    dtype, itemsize, disk = info
+    dtype, itemsize, disk, _ = info
     var = VarInfo(name, dtype, tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
     want = var.numel * itemsize
     if want != end - begin:
@@ -345,15 +374,16 @@ def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
     return var
 
 
-def _dtype_info(name: str) -> tuple[str, int, str | None]:
-    """(dtype name, itemsize, little-endian disk dtype for multi-byte numeric types)."""
+def _dtype_info(code: str, name: str) -> tuple[str, int, str | None, str]:
+    """(dtype name, itemsize, little-endian disk dtype for multi-byte numeric types, code)."""
     dt = np_dtype(name)
     disk = dt.newbyteorder("<").str if dt.kind in "iufc" and dt.itemsize > 1 else None
-    return name, dt.itemsize, disk
+    return name, dt.itemsize, disk, code
 
 
-#: safetensors dtype code -> (ckptview dtype, itemsize, Span.disk_dtype), computed once
-_INFO = {code: _dtype_info(name) for code, name in DTYPES.items()}
+#: safetensors dtype code -> (ckptview dtype, itemsize, Span.disk_dtype, the code itself: one
+#: string shared by every variable), computed once
+_INFO = {code: _dtype_info(code, name) for code, name in DTYPES.items()}
 
 
 def _is_uint(x: object) -> bool:

@@ -112,7 +112,8 @@ class Scan:
         """Each variable's piece: marked by its codec, else as its layout says; None when
         no variable of the file is a piece."""
         if isinstance(variables, VarColumns) and variables.materialized is None:
-            marked: list = [None] * len(variables)  # columns carry no piece marks
+            told = self.layout.pieces(ref, variables)  # columns carry no piece marks
+            return told if told is not None and any(p is not None for p in told) else None
         else:
             marked = [var.attrs.get("piece") if var.attrs else None for var in variables]
         if any(p is None for p in marked):

@@ -95,24 +95,39 @@ def file_mtime(tree: Tree, path: str) -> datetime | None:
     return entry.get("mtime") if entry else None
 
 
+class _Ints:
+    """An int64 column gathered from whole arrays (columns) and single values (records)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.values: list[int] = []
+
+    def add(self, chunk: np.ndarray) -> None:
+        if self.values:
+            self.chunks.append(np.array(self.values, dtype=np.int64))
+            self.values = []
+        self.chunks.append(chunk)
+
+    def array(self) -> np.ndarray:
+        self.add(np.empty(0, dtype=np.int64))
+        return np.concatenate(self.chunks)
+
+
 def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
     """One row per variable (and one per unreadable file), built column by column: a file
     listed as columns (:class:`~ckptview.model.VarColumns`) extends them whole, other files
     add their variables one by one; one DataFrame at the end (a million rows on big trees,
     tests/test_scale.py)."""
     url_of = tree.storage.url
-    serials: list[int] = []
+    serials, numels, nbytes_col, n_shards = _Ints(), _Ints(), _Ints(), _Ints()
     nodes: list[str] = []
     names: list[str] = []
     kinds: list[str] = []
     dtypes: list[str] = []
     shapes: list[tuple] = []
-    numels: list[int] = []
-    nbytes_col: list[int] = []
     files: list[str] = []
     errors: list[str | None] = []
     aliases: list[str | None] = []
-    n_shards: list[int] = []
     quants: list[str | None] = []
     guessed: dict[str, str] = {}  # name -> kind (names repeat across serials)
 
@@ -129,18 +144,24 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
         if isinstance(variables, VarColumns) and variables.materialized is None:
             n = len(variables)
             row_names = catalog_names(ref, variables)
-            serials += [serial] * n
+            serials.add(np.full(n, serial, dtype=np.int64))
             nodes += [node] * n
             names += row_names
-            kinds += [ref_kind] * n if ref_kind else [kind_of(name) for name in row_names]
+            if ref_kind:
+                kinds += [ref_kind] * n
+            else:
+                known = list(map(guessed.get, row_names))
+                if None in known:
+                    known = [k or kind_of(name) for k, name in zip(known, row_names)]
+                kinds += known
             dtypes += variables.dtypes
             shapes += variables.shapes
-            numels += variables.numels
-            nbytes_col += variables.nbytes
+            numels.add(variables.numels)
+            nbytes_col.add(variables.nbytes)
             files += [url] * n
             errors += [None] * n
             aliases += [None] * n
-            n_shards += [1] * n
+            n_shards.add(np.ones(n, dtype=np.int64))
             quants += [None] * n
         else:
             for var in variables:
@@ -155,52 +176,56 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
                     shards, quant = attrs.get("n_shards", 1), attrs.get("quant")
                 else:
                     alias, shards, quant = None, 1, None
-                serials.append(serial)
+                serials.values.append(serial)
                 nodes.append(node)
                 names.append(name)
                 kinds.append(var.kind or ref_kind or kind_of(name))
                 dtypes.append(var.dtype)
                 shapes.append(tuple(map(int, var.shape)))
-                numels.append(numel)
-                nbytes_col.append(int(nbytes))
+                numels.values.append(numel)
+                nbytes_col.values.append(int(nbytes))
                 files.append(url)
                 errors.append(_str_or_none(var.error))
                 aliases.append(_str_or_none(alias))
-                n_shards.append(shards)
+                n_shards.values.append(shards)
                 quants.append(_str_or_none(quant))
         if res.error and not foreign(res):
-            serials.append(res.serial)
+            serials.values.append(res.serial)
             nodes.append(res.ref.node)
             names.append(_file_row_name(res.ref))
             kinds.append("other")
             dtypes.append("object")
             shapes.append(())
-            numels.append(0)
-            nbytes_col.append(0)
+            numels.values.append(0)
+            nbytes_col.values.append(0)
             files.append(url)
             errors.append(_str_or_none(res.error))
             aliases.append(None)
-            n_shards.append(0)
+            n_shards.values.append(0)
             quants.append(None)
-    n = len(serials)
-    shape_col = np.empty(n, dtype=object)  # tuples kept whole (not unpacked as a 2-d array)
+    shape_col = np.empty(len(shapes), dtype=object)  # tuples kept whole (not a 2-d array)
     shape_col[:] = shapes
     columns = {
-        "serial": np.array(serials, dtype=np.int64),
-        "node": pd.array(nodes, dtype="str"),
-        "name": pd.array(names, dtype="str"),
-        "kind": pd.array(kinds, dtype="str"),
-        "dtype": pd.array(dtypes, dtype="str"),
+        "serial": serials.array(),
+        "node": _strings(nodes),
+        "name": _strings(names),
+        "kind": _strings(kinds),
+        "dtype": _strings(dtypes),
         "shape": shape_col,
-        "numel": np.array(numels, dtype=np.int64),
-        "nbytes": np.array(nbytes_col, dtype=np.int64),
-        "file": pd.array(files, dtype="str"),
+        "numel": numels.array(),
+        "nbytes": nbytes_col.array(),
+        "file": _strings(files),
         "error": _objects(errors),
         "alias": _objects(aliases),
-        "n_shards": np.array(n_shards, dtype=np.int64),
+        "n_shards": n_shards.array(),
         "quant": _objects(quants),
     }
     return pd.DataFrame(columns, columns=VARIABLE_COLUMNS, copy=False)
+
+
+def _strings(values: list[str]) -> pd.Series:
+    """A str column (pandas' string dtype, as inference gives)."""
+    return pd.Series(np.array(values, dtype=object), dtype="str", copy=False)
 
 
 def _str_or_none(value: object) -> str | None:
@@ -210,8 +235,11 @@ def _str_or_none(value: object) -> str | None:
 def _objects(values: list) -> pd.Series:
     """An object column (str or None: pandas 3 would infer a str dtype whose missing value
     is NaN; DESIGN.md §3 promises None)."""
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
+    if values.count(None) == len(values):
+        out = np.full(len(values), None, dtype=object)
+    else:
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
     return pd.Series(out, dtype=object, copy=False)
 
 
