@@ -16,7 +16,7 @@ from ..codecs.base import Codec, PartialRead
 from ..io import Blob, Storage
 from ..model import FileRef, VarColumns, VarInfo
 from ..tree import Tree
-from .cache import HeaderCache, listing_key
+from .cache import CacheKey, HeaderCache, listing_key
 
 NO_CODEC = "no codec recognizes this file"
 _POOL: ThreadPoolExecutor | None = None
@@ -150,7 +150,7 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
             progress(done, len(jobs))
 
     out: list = [None] * len(jobs)
-    keys: list[str | None] = [None] * len(jobs)
+    keys: list[CacheKey | None] = [None] * len(jobs)
     todo = []
     for i, (serial, ref) in enumerate(jobs):
         if cache is not None:
