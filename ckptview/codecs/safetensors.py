@@ -169,7 +169,7 @@ def _columns(blob: Blob, header: dict, data_start: int) -> VarColumns | None:
     info_of = _INFO.get
     try:
         for name, entry in header.items():
-            if type(entry) is not dict or not name:
+            if type(entry) is not dict or not name or name == "__metadata__":
                 if name == "__metadata__":
                     continue
                 return None

@@ -6,6 +6,7 @@ import posixpath
 import re
 from collections.abc import Sequence
 from datetime import datetime
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -431,7 +432,15 @@ def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
     for res in logical.results:
         if res.codec and res.codec.startswith("("):  # assembled, quantized: pieces below
             continue
-        for var in res.variables:
+        cols = res.variables
+        if isinstance(cols, VarColumns) and cols.materialized is None:  # no records made
+            origins: dict[int, tuple] = {}
+            starts = [origins.setdefault(len(shape), (0,) * len(shape)) for shape in cols.shapes]
+            rows.extend(zip(repeat(res.serial), catalog_names(res.ref, cols), repeat(res.ref.node),
+                            repeat(url(res.ref.path)), cols.names, starts, cols.shapes,
+                            cols.dtypes, cols.nbytes.tolist(), repeat("data"), repeat("")))  # fmt: skip
+            continue
+        for var in cols:
             rows.append((res.serial, var_name(res.ref, var), res.ref.node, url(res.ref.path),
                          var.name, (0,) * len(var.shape), tuple(map(int, var.shape)),
                          var.dtype, stored_nbytes(var), "data", ""))  # fmt: skip
