@@ -156,65 +156,61 @@ def _columns(blob: Blob, header: dict, data_start: int) -> VarColumns | None:
             return None
         meta = dict(meta) or None
     size = blob.size
-    names: list[str] = []
-    dtypes: list[str] = []
-    shapes: list[tuple[int, ...]] = []
-    numels: list[int] = []
-    begins: list[int] = []
-    ends: list[int] = []
-    itemsizes: list[int] = []
-    disks: list[str | None] = []
-    codes: list[str] = []
-    seen: dict[tuple, tuple[tuple[int, ...], int]] = {}  # shape -> (shared tuple, numel)
-    info_of = _INFO.get
-    try:
-        for name, entry in header.items():
-            if type(entry) is not dict or not name or name == "__metadata__":
-                if name == "__metadata__":
-                    continue
-                return None
-            shape = entry["shape"]
-            begin, end = entry["data_offsets"]
-            info = info_of(entry["dtype"])
-            if info is None or type(shape) is not list or type(begin) is not int:
-                return None
-            if type(end) is not int or not 0 <= begin <= end:
-                return None
-            key = tuple(shape)
-            hit = seen.get(key)
-            if hit is None:
-                numel = 1
-                for d in key:
-                    if type(d) is not int or d < 0:
-                        return None
-                    numel *= d
-                hit = seen[key] = (key, numel)
-            names.append(name)
-            shapes.append(hit[0])
-            numels.append(hit[1])
-            begins.append(begin)
-            ends.append(end)
-            dtypes.append(info[0])
-            itemsizes.append(info[1])
-            disks.append(info[2])
-            codes.append(info[3])
-    except (KeyError, TypeError, ValueError):  # a missing field, a list where a dict is, …
+    items = {k: v for k, v in header.items() if k != "__metadata__"} if meta else header
+    if "__metadata__" in items or "" in items:  # null metadata, an unnamed tensor
         return None
-    if not names and meta is None and header:
-        return None
+    names = list(items)
+    entries = list(items.values())
+    if not entries:
+        return VarColumns(blob.path, [], [], [], *(np.empty(0, np.int64) for _ in range(3)),
+                          [], [], "safetensors_dtype", meta)  # fmt: skip
+    # column by column (comprehensions and C-level maps, no per-entry appends); anything
+    # unusual (a missing field, a list where a dict is, an unhashable code) returns None
     try:
+        if set(map(type, entries)) != {dict}:
+            return None
+        infos = list(map(_INFO.get, [e["dtype"] for e in entries]))
+        raw_shapes = [e["shape"] for e in entries]
+        spans = [e["data_offsets"] for e in entries]
+        if None in infos or set(map(type, raw_shapes)) != {list}:
+            return None
+        if set(map(type, spans)) != {list} or set(map(len, spans)) != {2}:
+            return None
+        begins = [b for b, _ in spans]
+        ends = [e for _, e in spans]
+        if set(map(type, begins)) != {int} or set(map(type, ends)) != {int}:
+            return None
+        keys = list(map(tuple, raw_shapes))
+        numel_of: dict[tuple, int] = {}
+        for key in set(keys):  # each distinct shape once
+            numel = 1
+            for d in key:
+                if type(d) is not int or d < 0:
+                    return None
+                numel *= d
+            numel_of[key] = numel
+        canon = {key: key for key in numel_of}  # one tuple per distinct shape
+        shapes = list(map(canon.__getitem__, keys))
+        numels = list(map(numel_of.__getitem__, keys))
         numel_a = np.array(numels, np.int64)
         begin_a = np.array(begins, np.int64)
-        nbytes_a = np.array(ends, np.int64) - begin_a
-    except OverflowError:
+        end_a = np.array(ends, np.int64)
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
+    nbytes_a = end_a - begin_a
     offsets_a = begin_a + data_start
-    if len(names) and (
-        not np.array_equal(numel_a * np.array(itemsizes, np.int64), nbytes_a)
+    itemsize_a = np.array([i[1] for i in infos], np.int64)
+    if (
+        int(begin_a.min()) < 0
+        or int(nbytes_a.min()) < 0
+        or not np.array_equal(numel_a * itemsize_a, nbytes_a)
         or int((offsets_a + nbytes_a).max()) > size
         or _overlap(offsets_a, nbytes_a) is not None
     ):
         return None  # the general path says which entry and why
+    dtypes = [i[0] for i in infos]
+    disks = [i[2] for i in infos]
+    codes = [i[3] for i in infos]
     return VarColumns(blob.path, names, dtypes, shapes, numel_a, nbytes_a, offsets_a, disks,
                       codes, "safetensors_dtype", meta)  # fmt: skip
 
