@@ -6,6 +6,7 @@ count the bytes and requests a catalog scan costs, on local disk and on S3 alike
 
 from __future__ import annotations
 
+import os
 import posixpath
 import threading
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 HEAD_BLOCK = 4096  # the first block of every file is cached: magic bytes and small headers
 #: on network (async) filesystems, ranges of one file this close are fetched as one request
@@ -73,6 +75,9 @@ class Storage:
         self.fs = fs
         self.counters = Counters()
         self.merge_gap = REMOTE_MERGE_GAP if getattr(fs, "async_impl", False) else 0
+        #: fsspec's own local filesystem (not a subclass or wrapper): ranged reads and the
+        #: tree walk go straight to the OS, skipping fsspec's per-call path handling
+        self.plain_local = type(fs) is LocalFileSystem
 
     @classmethod
     def from_url(cls, url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
@@ -81,6 +86,13 @@ class Storage:
         except ImportError as e:  # fsspec's "Install s3fs to access S3", as one line
             raise MissingDependencyError(_missing_filesystem(url, e)) from None
         return cls(fs), path.rstrip("/") or "/"
+
+    @property
+    def local(self) -> bool:
+        """True for a local (or in-memory) filesystem: reads cost no round trip, so header
+        parsing is CPU work that threads would only contend for (the GIL)."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        return bool({"file", "local", "memory"} & set(protocols))
 
     def url(self, path: str) -> str:
         """A URL for a path, with the protocol for non-local filesystems."""
@@ -93,9 +105,23 @@ class Storage:
         """Bytes [start, end) of a file; one request."""
         if end <= start:
             return b""
-        data = self.fs.cat_file(path, start=start, end=end)
+        if self.plain_local:
+            with open(path, "rb") as fh:
+                if start:
+                    fh.seek(start)
+                data = fh.read(end - start)
+        else:
+            data = self.fs.cat_file(path, start=start, end=end)
         self.counters.add(len(data))
         return data
+
+    def find(self, root: str) -> dict[str, dict]:
+        """Every file and directory below ``root`` (recursively), normalized (see
+        :func:`normalize_info`), sorted by path; what ``fs.find(withdirs=True)`` gives."""
+        if self.plain_local:
+            return local_find(root)
+        found = self.fs.find(root, withdirs=True, detail=True)
+        return {path: normalize_info(inf) for path, inf in found.items()}
 
     def read_ranges(self, path: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """Several ranges of one file (concurrently where the filesystem is async)."""
@@ -144,6 +170,42 @@ def merge_ranges(
             spans.append([a, b])
         where[i] = len(spans) - 1
     return [(a, b) for a, b in spans], where
+
+
+def local_find(root: str) -> dict[str, dict]:
+    """``LocalFileSystem.find(root, withdirs=True, detail=True)`` normalized, from
+    ``os.scandir``: the same entries (a symlink is listed, with its target's size, and not
+    walked into; unreadable directories are skipped) at a fraction of the calls."""
+    out: dict[str, dict] = {}
+    utc = timezone.utc
+    stack = [root.rstrip("/") or "/"]
+    while stack:
+        top = stack.pop()
+        try:
+            it = os.scandir(top)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                    if e.is_dir(follow_symlinks=False):
+                        kind = "directory"
+                        stack.append(e.path)
+                    else:
+                        kind = "file"
+                    size = st.st_size
+                    if e.is_symlink():
+                        try:
+                            size = e.stat(follow_symlinks=True).st_size
+                        except OSError:
+                            size = 0
+                except FileNotFoundError:
+                    continue
+                mtime = datetime.fromtimestamp(st.st_mtime, tz=utc)
+                out[e.path] = {"name": e.path, "size": int(size), "type": kind, "mtime": mtime,
+                               "etag": None}  # fmt: skip
+    return dict(sorted(out.items()))
 
 
 def normalize_info(info: dict) -> dict:

@@ -78,6 +78,77 @@ class Piece:
     blocks: int = 1
 
 
+class VarColumns(Sequence):
+    """A file's variables as columns (a codec's fast path for big, well-formed headers): one
+    list per field instead of a ``VarInfo``, ``Span`` and attrs dict per variable. The
+    catalog's tables are built from the columns; ``VarInfo`` records are made on first item
+    access (a read, a diff, a verify), for the whole file at once, and kept.
+
+    Every variable is plain and readable: no error, no kind, no piece, a C-order span in
+    ``path`` at ``offsets[i]`` of ``nbytes[i]`` bytes stored as ``disks[i]`` (``numels``,
+    ``nbytes`` and ``offsets`` are int64 numpy arrays); ``attrs`` is
+    ``{key: codes[i]}`` plus ``{"metadata": meta}`` when there is one (shared by the
+    file's variables, as a codec's per-file metadata is)."""
+
+    def __init__(self, path: str, names: list[str], dtypes: list[str],
+                 shapes: list[tuple[int, ...]], numels: Any, nbytes: Any, offsets: Any,
+                 disks: list[str | None], codes: list[str], key: str,
+                 meta: dict | None = None):  # fmt: skip
+        self.path = path
+        self.names, self.dtypes, self.shapes, self.numels = names, dtypes, shapes, numels
+        self.nbytes, self.offsets, self.disks, self.codes = nbytes, offsets, disks, codes
+        self.key, self.meta = key, meta
+        self._vars: list[VarInfo] | None = None
+
+    @property
+    def materialized(self) -> list[VarInfo] | None:
+        """The ``VarInfo`` records once made (then they are the truth: they may have been
+        changed), else None."""
+        return self._vars
+
+    def records(self) -> list[VarInfo]:
+        """The variables as ``VarInfo`` records (made once)."""
+        if self._vars is None:
+            path, key, meta = self.path, self.key, self.meta
+            out = []
+            for name, dtype, shape, nbytes, offset, disk, code in zip(
+                self.names, self.dtypes, self.shapes, self.nbytes.tolist(),
+                self.offsets.tolist(), self.disks, self.codes,
+            ):  # fmt: skip
+                attrs = {key: code, "metadata": meta} if meta else {key: code}
+                out.append(VarInfo(name, dtype, shape, nbytes, None, None,
+                                   Span(path, offset, nbytes, "C", disk), None, attrs))  # fmt: skip
+            self._vars = out
+        return self._vars
+
+    def __len__(self) -> int:
+        return len(self.names) if self._vars is None else len(self._vars)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.records()[i]
+
+    def __iter__(self):
+        return iter(self.records())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, VarColumns)):
+            return self.records() == list(other)
+        return NotImplemented
+
+    def __add__(self, other: Sequence) -> list[VarInfo]:
+        return [*self.records(), *other]
+
+    def __repr__(self) -> str:
+        return f"VarColumns({self.path!r}, {len(self)} variables)"
+
+
+def with_errors(variables: Sequence[VarInfo]) -> list[VarInfo]:
+    """The variables that carry an error (none in columns not yet made into records)."""
+    if isinstance(variables, VarColumns) and variables.materialized is None:
+        return []
+    return [v for v in variables if v.error]
+
+
 def inline_value(var: VarInfo) -> Any:
     """The value of a plain (non-tensor) variable a codec kept in the listing (a pickled
     ``int``, ``bool`` or ``str``), else None."""

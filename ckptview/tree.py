@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import posixpath
+from bisect import bisect_left
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
-from .io import Blob, Storage, normalize_info
+from .io import Blob, Storage
 from .model import META_DIR
 
 
@@ -31,6 +32,9 @@ class Tree:
         self.scans: dict[str, Any] = {}
         #: ckptview's own state files under ``.ckptview/`` seen by the last listing
         self.meta_files: set[str] = set()
+        #: the listing's paths sorted, and the entries they were sorted from
+        self._sorted: list[str] = []
+        self._sorted_of: dict | None = None
 
     @classmethod
     def at(cls, storage: Storage, path: str) -> Tree:
@@ -48,13 +52,13 @@ class Tree:
     def entries(self) -> dict[str, dict]:
         if self._entries is not None:
             return self._entries
-        found = self.storage.fs.find(self.root, withdirs=True, detail=True)
+        found = self.storage.find(self.root)
         out = {}
         meta = set()
         for path, inf in found.items():
             rel = self.rel(path)
             if rel and not rel.startswith(META_DIR):
-                out[rel] = normalize_info(inf)
+                out[rel] = inf
             elif rel.startswith(META_DIR + "/"):
                 meta.add(rel)
         self.meta_files = meta
@@ -95,24 +99,34 @@ class Tree:
         """Relative paths of directories below ``under`` (direct children by default)."""
         return self._select("directory", under, depth)
 
+    def _below(self, prefix: str) -> list[str]:
+        """The listed paths starting with ``prefix``, sorted: one slice of the listing sorted
+        once (layouts ask per serial; a scan of every entry each time grows with the tree)."""
+        entries = self.entries
+        if self._sorted_of is not entries or len(self._sorted) != len(entries):
+            self._sorted, self._sorted_of = sorted(entries), entries  # (re)listed, or added to
+        keys = self._sorted
+        if not prefix:
+            return keys
+        lo = bisect_left(keys, prefix)
+        # every string starting with prefix sorts before prefix + U+10FFFF
+        hi = bisect_left(keys, prefix + "\U0010ffff", lo)
+        return keys[lo:hi]
+
     def _select(self, kind: str, under: str, depth: int | None) -> list[str]:
         prefix = under.rstrip("/") + "/" if under else ""
-        out = []
-        for rel, inf in self.entries.items():
-            if inf["type"] != kind or not rel.startswith(prefix):
-                continue
-            rest = rel[len(prefix) :]
-            if depth is not None and rest.count("/") >= depth:
-                continue
-            out.append(rel)
-        return sorted(out)
+        entries, start = self.entries, len(prefix)
+        if depth is None:
+            return [rel for rel in self._below(prefix) if entries[rel]["type"] == kind]
+        return [rel for rel in self._below(prefix)
+                if entries[rel]["type"] == kind and rel.count("/", start) < depth]  # fmt: skip
 
     def children(self, under: str = "") -> list[str]:
         """Names (not paths) directly below ``under``: files and directories."""
         prefix = under.rstrip("/") + "/" if under else ""
         names = set()
-        for rel in self.entries:
-            if rel.startswith(prefix) and rel != under:
+        for rel in self._below(prefix):
+            if rel != under:
                 names.add(rel[len(prefix) :].split("/", 1)[0])
         return sorted(names)
 

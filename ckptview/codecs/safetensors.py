@@ -11,16 +11,16 @@ import gc
 import json
 import struct
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import np_dtype, packed_nbytes, unpack_bits
 from ..formats.safetensors import DTYPES, PACKED
-from ..formats.small import loads_json
+from ..formats.small import check_depth, loads_json
 from ..io import Blob
-from ..model import Piece, Span, VarInfo
+from ..model import Piece, Span, VarColumns, VarInfo
 from .base import Codec, CodecTier, PartialRead
 
 #: the reference parser refuses larger headers
@@ -43,12 +43,19 @@ class SafetensorsCodec(Codec):
         (n,) = struct.unpack("<Q", head[:8])
         return 2 <= n <= MAX_HEADER
 
-    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
+    def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo] | VarColumns:
         raw, data_start = header_bytes(blob)
-        if len(raw) < GC_PAUSE_BYTES:
-            return self._variables(blob, parse_header(blob, raw), data_start)
-        with gc_paused():
-            return self._variables(blob, parse_header(blob, raw), data_start)
+        with gc_paused() if len(raw) >= GC_PAUSE_BYTES else nullcontext():
+            header = parse_header(blob, raw, walk=False, dupes=False)
+            columns = _columns(blob, header, data_start)
+            if columns is not None:
+                meta = header.get("__metadata__")
+                extra = 1 if type(meta) is dict and "data_offsets" in meta else 0
+                check_duplicates(blob, raw, header, len(columns) + extra)
+                return columns
+            check_depth(header)  # the unusual entries and metadata are kept: check them all
+            check_duplicates(blob, raw, header)
+            return self._variables(blob, header, data_start)
 
     @staticmethod
     def _variables(blob: Blob, header: dict, data_start: int) -> list[VarInfo]:
@@ -137,6 +144,87 @@ class SafetensorsCodec(Codec):
         yield from super().iter_chunks(blob, var, max_bytes)
 
 
+def _columns(blob: Blob, header: dict, data_start: int) -> VarColumns | None:
+    """A header's variables as columns when every entry is well formed, lies inside the
+    file and none overlaps; None (the caller's general path) for anything else: a malformed
+    or packed entry, DCP sharding info, metadata that is not a flat string map."""
+    meta = header.get("__metadata__")
+    if meta is not None:
+        if type(meta) is not dict or "DCP_SHARDING_INFO" in meta:
+            return None
+        if any(type(v) is not str for v in meta.values()):
+            return None
+        meta = dict(meta) or None
+    size = blob.size
+    items = {k: v for k, v in header.items() if k != "__metadata__"} if meta else header
+    if "__metadata__" in items or "" in items:  # null metadata, an unnamed tensor
+        return None
+    names = list(items)
+    entries = list(items.values())
+    if not entries:
+        return VarColumns(blob.path, [], [], [], *(np.empty(0, np.int64) for _ in range(3)),
+                          [], [], "safetensors_dtype", meta)  # fmt: skip
+    # column by column (comprehensions and C-level maps, no per-entry appends); anything
+    # unusual (a missing field, a list where a dict is, an unhashable code) returns None
+    try:
+        if set(map(type, entries)) != {dict}:
+            return None
+        infos = list(map(_INFO.get, [e["dtype"] for e in entries]))
+        raw_shapes = [e["shape"] for e in entries]
+        spans = [e["data_offsets"] for e in entries]
+        if None in infos or set(map(type, raw_shapes)) != {list}:
+            return None
+        if set(map(type, spans)) != {list} or set(map(len, spans)) != {2}:
+            return None
+        begins = [b for b, _ in spans]
+        ends = [e for _, e in spans]
+        if set(map(type, begins)) != {int} or set(map(type, ends)) != {int}:
+            return None
+        keys = list(map(tuple, raw_shapes))
+        numel_of: dict[tuple, int] = {}
+        for key in set(keys):  # each distinct shape once
+            numel = 1
+            for d in key:
+                if type(d) is not int or d < 0:
+                    return None
+                numel *= d
+            numel_of[key] = numel
+        canon = {key: key for key in numel_of}  # one tuple per distinct shape
+        shapes = list(map(canon.__getitem__, keys))
+        numels = list(map(numel_of.__getitem__, keys))
+        numel_a = np.array(numels, np.int64)
+        begin_a = np.array(begins, np.int64)
+        end_a = np.array(ends, np.int64)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    nbytes_a = end_a - begin_a
+    offsets_a = begin_a + data_start
+    itemsize_a = np.array([i[1] for i in infos], np.int64)
+    if (
+        int(begin_a.min()) < 0
+        or int(nbytes_a.min()) < 0
+        or not np.array_equal(numel_a * itemsize_a, nbytes_a)
+        or int((offsets_a + nbytes_a).max()) > size
+        or _overlap(offsets_a, nbytes_a) is not None
+    ):
+        return None  # the general path says which entry and why
+    dtypes = [i[0] for i in infos]
+    disks = [i[2] for i in infos]
+    codes = [i[3] for i in infos]
+    return VarColumns(blob.path, names, dtypes, shapes, numel_a, nbytes_a, offsets_a, disks,
+                      codes, "safetensors_dtype", meta)  # fmt: skip
+
+
+def _overlap(begin: np.ndarray, sizes: np.ndarray) -> int | None:
+    """The position (in byte order) of a span overlapping the next, else None."""
+    if len(begin) < 2:
+        return None
+    end = begin + sizes
+    order = np.lexsort((end, begin))  # empty tensors first at a shared offset
+    bad = np.nonzero(begin[order][1:] < end[order][:-1])[0]
+    return int(bad[0]) if len(bad) else None
+
+
 def read_header(blob: Blob) -> tuple[dict, int]:
     """The parsed JSON header and the absolute offset of the byte buffer (two reads)."""
     raw, data_start = header_bytes(blob)
@@ -155,14 +243,26 @@ def header_bytes(blob: Blob) -> tuple[bytes, int]:
     return blob.read(8, n), 8 + n
 
 
-def parse_header(blob: Blob, raw: bytes) -> dict:
+def parse_header(blob: Blob, raw: bytes, walk: bool = True, dupes: bool = True) -> dict:
+    """The header as a dict; ``walk=False``: not checked for deep nesting (the caller checks
+    what it keeps); ``dupes=False``: not checked for names given twice (the caller calls
+    :func:`check_duplicates`)."""
     try:
-        header = loads_json(raw.decode("utf-8"))
+        header = loads_json(raw.decode("utf-8"), walk)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{blob.name}: header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{blob.name}: header is not a JSON object")
-    entries = sum(1 for e in header.values() if type(e) is dict and "data_offsets" in e)
+    if dupes:
+        check_duplicates(blob, raw, header)
+    return header
+
+
+def check_duplicates(blob: Blob, raw: bytes, header: dict, entries: int | None = None) -> None:
+    """ValueError when the header names a tensor twice (JSON keeps the last); ``entries``:
+    how many of the header's values are objects with ``data_offsets``, when known."""
+    if entries is None:
+        entries = sum(1 for e in header.values() if type(e) is dict and "data_offsets" in e)
     if raw.count(b'"data_offsets"') != entries:  # a name twice, or the word in a string
         dupes = _duplicate_names(raw)
         if dupes:
@@ -170,7 +270,6 @@ def parse_header(blob: Blob, raw: bytes) -> dict:
                 f"{blob.name}: header names {dupes[0]!r} twice (the safetensors loader "
                 "refuses duplicate keys)"
             )
-    return header
 
 
 def _duplicate_names(raw: bytes) -> list[str]:
@@ -261,7 +360,7 @@ def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
     info = _INFO.get(code) if isinstance(code, str) else None
     if info is None:  # unknown codes: listed as opaque bytes
         return VarInfo(name, "object", tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
-    dtype, itemsize, disk = info
+    dtype, itemsize, disk, _ = info
     var = VarInfo(name, dtype, tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
     want = var.numel * itemsize
     if want != end - begin:
@@ -271,15 +370,16 @@ def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
     return var
 
 
-def _dtype_info(name: str) -> tuple[str, int, str | None]:
-    """(dtype name, itemsize, little-endian disk dtype for multi-byte numeric types)."""
+def _dtype_info(code: str, name: str) -> tuple[str, int, str | None, str]:
+    """(dtype name, itemsize, little-endian disk dtype for multi-byte numeric types, code)."""
     dt = np_dtype(name)
     disk = dt.newbyteorder("<").str if dt.kind in "iufc" and dt.itemsize > 1 else None
-    return name, dt.itemsize, disk
+    return name, dt.itemsize, disk, code
 
 
-#: safetensors dtype code -> (ckptview dtype, itemsize, Span.disk_dtype), computed once
-_INFO = {code: _dtype_info(name) for code, name in DTYPES.items()}
+#: safetensors dtype code -> (ckptview dtype, itemsize, Span.disk_dtype, the code itself: one
+#: string shared by every variable), computed once
+_INFO = {code: _dtype_info(code, name) for code, name in DTYPES.items()}
 
 
 def _is_uint(x: object) -> bool:

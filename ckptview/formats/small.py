@@ -13,15 +13,24 @@ MAX_JSON_BYTES = 256 << 20
 MAX_JSON_DEPTH = 200
 
 
-def loads_json(data: str | bytes) -> Any:
+def loads_json(data: str | bytes, walk: bool = True) -> Any:
     """``json.loads`` that refuses documents nesting deeper than ``MAX_JSON_DEPTH`` with a
-    ValueError (never a RecursionError)."""
+    ValueError (never a RecursionError). ``walk=False``: only what ``json.loads`` itself
+    refuses; the caller checks the parts it keeps with :func:`check_depth`."""
     try:
         doc = json.loads(data)
     except RecursionError:
         raise ValueError(f"JSON nests more than {MAX_JSON_DEPTH} levels deep") from None
+    if walk:
+        check_depth(doc)
+    return doc
+
+
+def check_depth(doc: Any, depth: int = 1) -> None:
+    """ValueError when ``doc`` (found ``depth`` levels down) nests deeper than
+    ``MAX_JSON_DEPTH``."""
     if isinstance(doc, (dict, list)):
-        todo = [(doc, 1)]
+        todo = [(doc, depth)]
         while todo:
             node, depth = todo.pop()
             if depth > MAX_JSON_DEPTH:
@@ -29,7 +38,6 @@ def loads_json(data: str | bytes) -> Any:
             for v in node.values() if isinstance(node, dict) else node:
                 if isinstance(v, (dict, list)):
                     todo.append((v, depth + 1))
-    return doc
 
 
 def read_small(storage: Storage, path: str, size: int | None = None) -> bytes:

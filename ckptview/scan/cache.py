@@ -24,8 +24,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from ..model import FileRef
+from ..model import FileRef, VarColumns
 from ..tree import Tree
+
+#: a cache key: the identity of a file on storage (see HeaderCache.key)
+CacheKey = tuple
 
 #: a cached file listing: (codec name, variables, error)
 Listing = tuple[str | None, list, str | None]
@@ -44,7 +47,7 @@ class HeaderCache:
                  max_weight: int = DEFAULT_MAX_WEIGHT):  # fmt: skip
         self.directory = Path(directory).expanduser() if directory else None
         self.max_weight = int(max_weight)
-        self._items: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._items: OrderedDict[CacheKey, tuple[Any, int]] = OrderedDict()
         self._weight = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
@@ -62,7 +65,7 @@ class HeaderCache:
 
     # -- keys ------------------------------------------------------------------------
     @staticmethod
-    def key(kind: str, url: str, info: dict | None, *extra: Any) -> str | None:
+    def key(kind: str, url: str, info: dict | None, *extra: Any) -> CacheKey | None:
         """A key for a file, or None when its identity is unknown (no size, or no mtime/ETag)."""
         if not info or info.get("type") == "directory":
             return None
@@ -72,11 +75,11 @@ class HeaderCache:
         if not etag and hasattr(mtime, "timestamp") and mtime.timestamp() > time.time() - RACY:
             return None  # written just now: a same-size rewrite could keep this mtime
         stamp = mtime.isoformat() if hasattr(mtime, "isoformat") else str(mtime)
-        parts = (FORMAT, kind, url, int(info.get("size") or 0), stamp, etag or "", *extra)
-        return hashlib.sha256(repr(parts).encode("utf-8", "surrogatepass")).hexdigest()
+        # the parts themselves (hashing them is for file names on disk only: see _file)
+        return (FORMAT, kind, url, int(info.get("size") or 0), stamp, etag or "", *extra)
 
     # -- get / put --------------------------------------------------------------------
-    def get(self, key: str | None) -> Any | None:
+    def get(self, key: CacheKey | None) -> Any | None:
         if key is None:
             return None
         with self._lock:
@@ -95,7 +98,7 @@ class HeaderCache:
             self._remember(key, value)
         return value
 
-    def put(self, key: str | None, value: Any) -> None:
+    def put(self, key: CacheKey | None, value: Any) -> None:
         if key is None or value is None:
             return
         self._remember(key, value)
@@ -107,7 +110,7 @@ class HeaderCache:
             self._items.clear()
             self._weight = 0
 
-    def _remember(self, key: str, value: Any) -> None:
+    def _remember(self, key: CacheKey, value: Any) -> None:
         weight = _weight(value)
         if weight > self.max_weight:
             return
@@ -122,10 +125,13 @@ class HeaderCache:
                 self._weight -= w
 
     # -- disk -------------------------------------------------------------------------
-    def _file(self, key: str) -> Path | None:
-        return self.directory / key[:2] / f"{key}.pkl" if self.directory else None
+    def _file(self, key: CacheKey) -> Path | None:
+        if not self.directory:
+            return None
+        digest = hashlib.sha256(repr(key).encode("utf-8", "surrogatepass")).hexdigest()
+        return self.directory / digest[:2] / f"{digest}.pkl"
 
-    def _load(self, key: str) -> Any | None:
+    def _load(self, key: CacheKey) -> Any | None:
         path = self._file(key)
         if path is None or not path.exists():
             return None
@@ -134,7 +140,7 @@ class HeaderCache:
         except Exception:  # noqa: BLE001 - a stale or broken entry is a miss
             return None
 
-    def _store(self, key: str, value: Any) -> None:
+    def _store(self, key: CacheKey, value: Any) -> None:
         path = self._file(key)
         if path is None:
             return
@@ -158,7 +164,7 @@ class HeaderCache:
 def _weight(value: Any) -> int:
     if isinstance(value, (bytes, bytearray)):
         return 1 + len(value) // 1024
-    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], list):
+    if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], (list, VarColumns)):
         return 1 + len(value[1])
     return 1
 
@@ -205,7 +211,7 @@ def resolve(cache: Any) -> HeaderCache:
 
 
 # -- the key of a data file's listing ----------------------------------------------------------
-def listing_key(cache: HeaderCache, tree: Tree, ref: FileRef) -> str | None:
+def listing_key(cache: HeaderCache, tree: Tree, ref: FileRef) -> CacheKey | None:
     """The cache key of one data file as a layout hands it over (forced codec and hints count)."""
     info = tree.entries.get(tree.rel(ref.path))
     if info is not None and ref.size is not None and info.get("size") != ref.size:

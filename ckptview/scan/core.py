@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -14,15 +14,16 @@ from .. import registry
 from ..codecs.base import Codec
 from ..io import Blob, Storage
 from ..layouts.base import Layout
-from ..model import FileRef, SerialInfo, TreeScan, VarInfo
+from ..model import FileRef, SerialInfo, TreeScan, VarColumns, VarInfo
 from ..tree import Tree
 from .cache import HeaderCache, resolve
-from .listing import FileResult, default_executor, run_listings
+from .listing import FileResult, default_executor, paused_gc, run_listings
 from .logical import ASSEMBLED, Logical, Placed, assemble, iter_assembled, read_assembled
 from .quant import QUANTIZED, iter_quantized, read_quantized
 from .quant import group as group_quantized
 from .slimmed import read_slimmed
 from .tables import (
+    catalog_names,
     files_table,
     metrics_table,
     serials_table,
@@ -54,7 +55,8 @@ class Scan:
         self._results: list[FileResult] | None = None
         self._logical: Logical | None = None
         self._tables: dict[str, pd.DataFrame] = {}
-        self._index: dict[tuple[int, str, str], tuple[VarInfo, FileResult]] = {}
+        #: (serial, node, name) -> (position in its file's variables, the file's listing)
+        self._index: dict[tuple[int, str, str], tuple[int, FileResult]] = {}
 
     @property
     def url(self) -> str:
@@ -86,7 +88,7 @@ class Scan:
 
     def file_results(self) -> list[FileResult]:
         """Every data file listed (codec, variables, error), in the layout's order."""
-        with self._lock:
+        with self._lock, paused_gc:
             if self._results is None:
                 jobs = [(s.serial, ref) for s in self.tree_scan.serials for ref in s.files]
                 self._results = self._run(jobs)
@@ -96,7 +98,7 @@ class Scan:
     def logical(self) -> Logical:
         """The file results with each logical tensor's pieces assembled (DESIGN.md §3b)."""
         results = self.file_results()
-        with self._lock:
+        with self._lock, paused_gc:
             if self._logical is None:
                 grouped, quantized = group_quantized(results)
                 logical = assemble(grouped, self._pieces_of)
@@ -106,18 +108,27 @@ class Scan:
                 self._logical = logical
             return self._logical
 
-    def _pieces_of(self, ref: FileRef, variables: list[VarInfo]) -> list:
-        """Each variable's piece: marked by its codec, else as its layout says."""
-        marked = [var.attrs.get("piece") if var.attrs else None for var in variables]
+    def _pieces_of(self, ref: FileRef, variables: Sequence[VarInfo]) -> list | None:
+        """Each variable's piece: marked by its codec, else as its layout says; None when
+        no variable of the file is a piece."""
+        if isinstance(variables, VarColumns) and variables.materialized is None:
+            told = self.layout.pieces(ref, variables)  # columns carry no piece marks
+            return told if told is not None and any(p is not None for p in told) else None
+        else:
+            marked = [var.attrs.get("piece") if var.attrs else None for var in variables]
         if any(p is None for p in marked):
             told = self.layout.pieces(ref, variables)
             if told is not None:
                 marked = [m if m is not None else t for m, t in zip(marked, told, strict=True)]
-        return marked
+        return marked if any(p is not None for p in marked) else None
 
     def _run(self, jobs: list[tuple[int, FileRef]]) -> list[FileResult]:
-        """List files through the header cache; misses run concurrently on the executor."""
-        executor = self.executor or default_executor()
+        """List files through the header cache; misses run concurrently on the executor given,
+        else on the shared thread pool for remote storage (I/O waits overlap) and in this
+        thread for local files (parsing is CPU work: threads would only contend for the GIL)."""
+        executor = self.executor
+        if executor is None and not self.storage.local:
+            executor = default_executor()
         return run_listings(self.storage, self.tree, jobs, executor, self.cache, self.progress)
 
     def __getstate__(self) -> dict:  # picklable for process executors (Dask diff/stats jobs)
@@ -129,17 +140,21 @@ class Scan:
         self.__dict__.update(state, _lock=threading.RLock())
 
     def _build_index(self) -> None:
-        self._index = {}
+        """Every variable by (serial, node, name), from the names alone: a file's records
+        are made when one of its variables is asked for."""
+        index: dict[tuple[int, str, str], tuple[int, FileResult]] = {}
         for res in self.logical().results:
-            for var in res.variables:
-                name = var_name(res.ref, var)
-                self._index.setdefault((res.serial, res.ref.node, name), (var, res))
+            serial, node = res.serial, res.ref.node
+            for i, name in enumerate(catalog_names(res.ref, res.variables)):
+                index.setdefault((serial, node, name), (i, res))
+        self._index = index
 
     # -- tables ---------------------------------------------------------------------
     def _table(self, name: str, build: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         with self._lock:
             if name not in self._tables:
-                self._tables[name] = build()
+                with paused_gc:  # a table of a million rows: no collection walks it midway
+                    self._tables[name] = build()
             return self._tables[name]
 
     @property
@@ -209,11 +224,13 @@ class Scan:
                 serial = int(serials.max())
         serial = int(serial)
         hit = self._index.get((serial, node or "", name))
+        if hit is None:
+            same = [k for k in self._index if k[0] == serial and k[2] == name]
+            if not node and len(same) == 1:
+                hit = self._index[same[0]]
         if hit is not None:
-            return hit
-        same = [k for k in self._index if k[0] == serial and k[2] == name]
-        if not node and len(same) == 1:
-            return self._index[same[0]]
+            i, res = hit
+            return res.variables[i], res
         if not same:
             raise KeyError(f"no variable {name!r} in serial {serial}")
         nodes = ", ".join(repr(k[1]) for k in same)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from .. import registry
 from ..codecs.base import Codec, PartialRead
 from ..io import Blob, Storage
-from ..model import FileRef, VarInfo
+from ..model import FileRef, VarColumns, VarInfo
 from ..tree import Tree
-from .cache import HeaderCache, listing_key
+from .cache import CacheKey, HeaderCache, listing_key
 
 NO_CODEC = "no codec recognizes this file"
 _POOL: ThreadPoolExecutor | None = None
@@ -98,7 +98,10 @@ def _list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
 
 def beyond_file(variables: list[VarInfo], blob: Blob) -> list[VarInfo]:
     """Mark variables whose values would lie past the end of their file (a header that
-    promises more than the file holds): they cannot load."""
+    promises more than the file holds): they cannot load. Columns are checked by their
+    codec (a variable past the end keeps a file off the columnar path)."""
+    if isinstance(variables, VarColumns):
+        return variables
     for var in variables:
         span = var.span
         if span is None or var.error or span.path != blob.path:
@@ -147,7 +150,7 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
             progress(done, len(jobs))
 
     out: list = [None] * len(jobs)
-    keys: list[str | None] = [None] * len(jobs)
+    keys: list[CacheKey | None] = [None] * len(jobs)
     todo = []
     for i, (serial, ref) in enumerate(jobs):
         if cache is not None:

@@ -12,7 +12,7 @@ the shards) stays that one row; its pieces are still listed in the shards table.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -20,12 +20,12 @@ import numpy as np
 from ..dtypes import np_dtype
 from ..model import FileRef, Piece, VarInfo
 from .listing import FileResult
-from .tables import stored_nbytes, var_name
+from .tables import catalog_names, stored_nbytes, var_name
 
 #: the codec name of the synthetic results holding assembled variables
 ASSEMBLED = "(assembled)"
 
-PiecesOf = Callable[[FileRef, list[VarInfo]], "list[Piece | None]"]
+PiecesOf = Callable[[FileRef, Sequence[VarInfo]], "list[Piece | None] | None"]
 ReadPiece = Callable[[FileResult, VarInfo], np.ndarray]
 ChunkPiece = Callable[[FileResult, VarInfo, int], Iterator[np.ndarray]]
 
@@ -70,23 +70,29 @@ def assemble(results: list[FileResult], pieces_of: PiecesOf) -> Logical:
     """Group the pieces of each serial into logical variables (the rest pass unchanged)."""
     groups: dict[tuple[int, str], list[tuple[VarInfo, FileResult, Piece]]] = {}
     kept: list[FileResult] = []
-    whole: set[tuple[int, str]] = set()
     for res in results:
         if res.codec and res.codec.startswith("("):  # synthetic (quantized groups)
             kept.append(res)
             continue
+        marks = pieces_of(res.ref, res.variables)
+        if marks is None:  # no piece in this file (columns stay columns)
+            kept.append(res)
+            continue
         plain = []
-        for var, piece in zip(res.variables, pieces_of(res.ref, res.variables), strict=True):
+        for var, piece in zip(res.variables, marks, strict=True):
             if piece is None:
                 plain.append(var)
-                if not res.ref.node:
-                    whole.add((res.serial, var_name(res.ref, var)))
                 continue
             name = piece.name or var_name(res.ref, var)
             groups.setdefault((res.serial, name), []).append((var, res, piece))
         kept.append(res if len(plain) == len(res.variables) else replace(res, variables=plain))
     if not groups:
         return Logical(results)
+    # the variables stored whole (outside nodes), by name: a group of pieces named the same
+    # keeps its row reading the whole one
+    whole = {(res.serial, name) for res in kept
+             if not res.ref.node and not (res.codec and res.codec.startswith("("))
+             for name in catalog_names(res.ref, res.variables)}  # fmt: skip
     out = Logical(kept)
     synthetic: dict[tuple[int, str], FileResult] = {}
     for (serial, name), members in groups.items():

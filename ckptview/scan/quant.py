@@ -17,12 +17,12 @@ set of one serial and node; anything else stays as stored.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..model import Piece, VarInfo
+from ..model import Piece, VarColumns, VarInfo
 from .listing import FileResult
 from .logical import ReadPiece
 from .tables import stored_nbytes, var_name
@@ -54,13 +54,27 @@ class Group:
     block: tuple[int, int] | None = None
 
 
+SCALE_SUFFIXES = ("_scale_inv", "_scale", "_scales")
+
+
+def _no_scales(variables: Sequence[VarInfo]) -> bool:
+    """True for columns (not yet made into records) without a scale tensor: a quick pass
+    over the names alone."""
+    if not isinstance(variables, VarColumns) or variables.materialized is not None:
+        return False
+    text = "\n".join(variables.names) + "\n"  # one C pass; a false hit only costs time
+    return not any(f"{suffix}\n" in text for suffix in SCALE_SUFFIXES)
+
+
 def group(results: list[FileResult]) -> tuple[list[FileResult], dict[tuple[int, str], list]]:
     """Results with each quantized group's members replaced by one variable (in a synthetic
     result per file), and each group's members as ``(serial, name) -> [(var, res, Piece)]``."""
     index: dict[tuple[int, str, str], tuple[VarInfo, FileResult]] = {}
     for res in results:
+        if _no_scales(res.variables):
+            continue
         for var in res.variables:
-            if not var.error and (var.name.endswith(("_scale_inv", "_scale", "_scales"))):
+            if not var.error and (var.name.endswith(SCALE_SUFFIXES)):
                 index[(res.serial, res.ref.node, var_name(res.ref, var))] = (var, res)
     if not index:
         return results, {}

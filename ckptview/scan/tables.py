@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Sequence
 from datetime import datetime
+from itertools import repeat
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .. import registry
 from ..dtypes import itemsize
 from ..kinds import guess_kind
-from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarInfo
+from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarColumns, VarInfo, with_errors
 from ..tree import Tree
 from .listing import NO_CODEC, FileResult
 
@@ -51,6 +54,14 @@ def var_name(ref: FileRef, var: VarInfo) -> str:
     return _join(ref.prefix, var.name)
 
 
+def catalog_names(ref: FileRef, variables: Sequence[VarInfo]) -> list[str]:
+    """The catalog names of a file's variables (from the names alone for columns)."""
+    if isinstance(variables, VarColumns) and variables.materialized is None:
+        prefix = ref.prefix
+        return [f"{prefix}/{n}" for n in variables.names] if prefix else variables.names
+    return [var_name(ref, v) for v in variables]
+
+
 def _file_row_name(ref: FileRef) -> str:
     """The name of the row standing for a whole file that could not be read."""
     base = posixpath.basename(ref.path)
@@ -85,42 +96,152 @@ def file_mtime(tree: Tree, path: str) -> datetime | None:
     return entry.get("mtime") if entry else None
 
 
+class _Ints:
+    """An int64 column gathered from whole arrays (columns) and single values (records)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.values: list[int] = []
+
+    def add(self, chunk: np.ndarray) -> None:
+        if self.values:
+            self.chunks.append(np.array(self.values, dtype=np.int64))
+            self.values = []
+        self.chunks.append(chunk)
+
+    def array(self) -> np.ndarray:
+        self.add(np.empty(0, dtype=np.int64))
+        return np.concatenate(self.chunks)
+
+
 def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
-    """One row per variable (and one per unreadable file)."""
-    storage = tree.storage
-    rows: list[tuple] = []
-    append = rows.append  # hot loop: a million rows on big trees (tests/test_scale.py)
+    """One row per variable (and one per unreadable file), built column by column: a file
+    listed as columns (:class:`~ckptview.model.VarColumns`) extends them whole, other files
+    add their variables one by one; one DataFrame at the end (a million rows on big trees,
+    tests/test_scale.py)."""
+    url_of = tree.storage.url
+    serials, numels, nbytes_col, n_shards = _Ints(), _Ints(), _Ints(), _Ints()
+    nodes: list[str] = []
+    names: list[str] = []
+    kinds: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[tuple] = []
+    files: list[str] = []
+    errors: list[str | None] = []
+    aliases: list[str | None] = []
+    quants: list[str | None] = []
+    guessed: dict[str, str] = {}  # name -> kind (names repeat across serials)
+
+    def kind_of(name: str) -> str:
+        kind = guessed.get(name)
+        if kind is None:
+            kind = guessed[name] = guess_kind(name)
+        return kind
+
     for res in results:
-        url = storage.url(res.ref.path)
+        url = url_of(res.ref.path)
         ref, serial, node, ref_kind = res.ref, res.serial, res.ref.node, res.ref.kind
-        for var in res.variables:
-            name = var_name(ref, var)
-            numel = var.numel
-            nbytes = var.nbytes
-            if nbytes is None:
-                nbytes = numel * itemsize(var.dtype) if var.dtype != "object" else 0
-            attrs = var.attrs
-            if attrs:
-                alias = next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None)
-                shards, quant = attrs.get("n_shards", 1), attrs.get("quant")
+        variables = res.variables
+        if isinstance(variables, VarColumns) and variables.materialized is None:
+            n = len(variables)
+            row_names = catalog_names(ref, variables)
+            serials.add(np.full(n, serial, dtype=np.int64))
+            nodes += [node] * n
+            names += row_names
+            if ref_kind:
+                kinds += [ref_kind] * n
             else:
-                alias, shards, quant = None, 1, None
-            append(
-                (serial, node, name, var.kind or ref_kind or guess_kind(name),
-                 var.dtype, tuple(map(int, var.shape)), numel, int(nbytes), url, var.error,
-                 alias, shards, quant)
-            )  # fmt: skip
+                known = list(map(guessed.get, row_names))
+                if None in known:
+                    known = [k or kind_of(name) for k, name in zip(known, row_names)]
+                kinds += known
+            dtypes += variables.dtypes
+            shapes += variables.shapes
+            numels.add(variables.numels)
+            nbytes_col.add(variables.nbytes)
+            files += [url] * n
+            errors += [None] * n
+            aliases += [None] * n
+            n_shards.add(np.ones(n, dtype=np.int64))
+            quants += [None] * n
+        else:
+            for var in variables:
+                name = var_name(ref, var)
+                numel = var.numel
+                nbytes = var.nbytes
+                if nbytes is None:
+                    nbytes = numel * itemsize(var.dtype) if var.dtype != "object" else 0
+                attrs = var.attrs
+                if attrs:
+                    alias = next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None)
+                    shards, quant = attrs.get("n_shards", 1), attrs.get("quant")
+                else:
+                    alias, shards, quant = None, 1, None
+                serials.values.append(serial)
+                nodes.append(node)
+                names.append(name)
+                kinds.append(var.kind or ref_kind or kind_of(name))
+                dtypes.append(var.dtype)
+                shapes.append(tuple(map(int, var.shape)))
+                numels.values.append(numel)
+                nbytes_col.values.append(int(nbytes))
+                files.append(url)
+                errors.append(_str_or_none(var.error))
+                aliases.append(_str_or_none(alias))
+                n_shards.values.append(shards)
+                quants.append(_str_or_none(quant))
         if res.error and not foreign(res):
-            rows.append(
-                (res.serial, res.ref.node, _file_row_name(res.ref), "other", "object", (),
-                 0, 0, url, res.error, None, 0, None)
-            )  # fmt: skip
-    df = pd.DataFrame(rows, columns=VARIABLE_COLUMNS)
-    df["error"] = _none_or_str(df["error"])
-    df["alias"] = _none_or_str(df["alias"])
-    df["quant"] = _none_or_str(df["quant"])
-    return df.astype({"serial": "int64", "numel": "int64", "nbytes": "int64",
-                      "n_shards": "int64"})  # fmt: skip
+            serials.values.append(res.serial)
+            nodes.append(res.ref.node)
+            names.append(_file_row_name(res.ref))
+            kinds.append("other")
+            dtypes.append("object")
+            shapes.append(())
+            numels.values.append(0)
+            nbytes_col.values.append(0)
+            files.append(url)
+            errors.append(_str_or_none(res.error))
+            aliases.append(None)
+            n_shards.values.append(0)
+            quants.append(None)
+    shape_col = np.empty(len(shapes), dtype=object)  # tuples kept whole (not a 2-d array)
+    shape_col[:] = shapes
+    columns = {
+        "serial": serials.array(),
+        "node": _strings(nodes),
+        "name": _strings(names),
+        "kind": _strings(kinds),
+        "dtype": _strings(dtypes),
+        "shape": shape_col,
+        "numel": numels.array(),
+        "nbytes": nbytes_col.array(),
+        "file": _strings(files),
+        "error": _objects(errors),
+        "alias": _objects(aliases),
+        "n_shards": n_shards.array(),
+        "quant": _objects(quants),
+    }
+    return pd.DataFrame(columns, columns=VARIABLE_COLUMNS, copy=False)
+
+
+def _strings(values: list[str]) -> pd.Series:
+    """A str column (pandas' string dtype, as inference gives)."""
+    return pd.Series(np.array(values, dtype=object), dtype="str", copy=False)
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _objects(values: list) -> pd.Series:
+    """An object column (str or None: pandas 3 would infer a str dtype whose missing value
+    is NaN; DESIGN.md §3 promises None)."""
+    if values.count(None) == len(values):
+        out = np.full(len(values), None, dtype=object)
+    else:
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+    return pd.Series(out, dtype=object, copy=False)
 
 
 def foreign(res: FileResult) -> bool:
@@ -149,9 +270,9 @@ def verdicts(s: SerialInfo, files: list[FileResult]) -> tuple[bool, str | None, 
     errors = [f"{_name(r)}: {r.error}" for r in files if r.error and blocking(r)]
     warnings = [f"{_name(r)}: {r.error}" for r in files if r.error and not blocking(r)]
     complete = s.complete if s.complete is not None else not errors
-    bad_vars = [(r, v) for r in files if r.ref.required for v in r.variables if v.error]
+    bad_vars = [(r, v) for r in files if r.ref.required for v in with_errors(r.variables)]
     warnings += [f"{_name(r)}: {v.name or '(tensor)'}: {v.error}"
-                 for r in files if not r.ref.required for v in r.variables if v.error]  # fmt: skip
+                 for r in files if not r.ref.required for v in with_errors(r.variables)]  # fmt: skip
     error = "; ".join(([s.error] if s.error else []) + errors) or None
     if bad_vars:
         shown = "; ".join(f"{v.name or _name(r)}: {v.error}" for r, v in bad_vars[:3])
@@ -311,7 +432,15 @@ def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
     for res in logical.results:
         if res.codec and res.codec.startswith("("):  # assembled, quantized: pieces below
             continue
-        for var in res.variables:
+        cols = res.variables
+        if isinstance(cols, VarColumns) and cols.materialized is None:  # no records made
+            origins: dict[int, tuple] = {}
+            starts = [origins.setdefault(len(shape), (0,) * len(shape)) for shape in cols.shapes]
+            rows.extend(zip(repeat(res.serial), catalog_names(res.ref, cols), repeat(res.ref.node),
+                            repeat(url(res.ref.path)), cols.names, starts, cols.shapes,
+                            cols.dtypes, cols.nbytes.tolist(), repeat("data"), repeat("")))  # fmt: skip
+            continue
+        for var in cols:
             rows.append((res.serial, var_name(res.ref, var), res.ref.node, url(res.ref.path),
                          var.name, (0,) * len(var.shape), tuple(map(int, var.shape)),
                          var.dtype, stored_nbytes(var), "data", ""))  # fmt: skip
