@@ -8,6 +8,7 @@ beyond 127.0.0.1); requests are plain HTTP from the test.
 from __future__ import annotations
 
 import argparse
+import gzip
 import http.client
 import re
 import subprocess
@@ -33,10 +34,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(port: int, path: str = f"/{APP}", host: str | None = None) -> http.client.HTTPResponse:
+def get(port: int, path: str = f"/{APP}", host: str | None = None,
+        headers: dict | None = None) -> http.client.HTTPResponse:  # fmt: skip
     """``GET path`` from 127.0.0.1:port with the given ``Host`` header (default: its own)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("GET", path, headers={"Host": host or f"127.0.0.1:{port}"})
+    conn.request("GET", path, headers={"Host": host or f"127.0.0.1:{port}", **(headers or {})})
     response = conn.getresponse()
     response.body = response.read()
     conn.close()
@@ -123,6 +125,26 @@ def test_the_page_carries_a_content_security_policy(served):
     assert response.getheader("X-Frame-Options") == "DENY"
     again = get(served.port).getheader("Content-Security-Policy")
     assert nonce not in again  # a fresh nonce per page
+
+
+def test_the_page_and_its_resources_are_compressed_when_asked(served):
+    gz = {"Accept-Encoding": "gzip"}
+    page = get(served.port, headers=gz)
+    assert page.getheader("Content-Encoding") == "gzip"
+    html = gzip.decompress(page.body)
+    nonce = re.search(r"'nonce-([A-Za-z0-9_-]{20,})'", page.getheader("Content-Security-Policy"))[1]
+    assert f'nonce="{nonce}"'.encode() in html  # the CSP nonce survives the compression
+    scripts = re.findall(rb'<script[^>]* src="(static/[^"?]+)', html)
+    assert any(s.endswith(b"bokeh.min.js") for s in scripts)
+    for src in scripts[:4]:
+        path = "/" + src.decode()
+        plain, packed = get(served.port, path), get(served.port, path, headers=gz)
+        assert plain.status == packed.status == 200, path
+        assert plain.getheader("Content-Encoding") is None  # only to a client that asks
+        assert packed.getheader("Content-Encoding") == "gzip", path
+        assert gzip.decompress(packed.body) == plain.body, path
+        if len(plain.body) > 100_000:
+            assert len(packed.body) < len(plain.body) / 2, path
 
 
 def test_basic_auth_guards_the_page(tree):

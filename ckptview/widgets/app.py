@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import weakref
 
 import panel as pn
 import panel_material_ui as pmui
@@ -31,10 +32,13 @@ TABS = ["Browse", "Compare", "Trajectory", "Restore", "Retention"]
 #: the dark theme's primary colour: buttons white on a mid blue (pale blue with white text
 #: was unreadable); the light theme keeps Material's defaults
 THEME = {"light": {}, "dark": {"palette": {"primary": {"main": "#1976d2", "contrastText": "#fff"}}}}
+#: the tabs whose view covers the whole workspace, built when the tab is first opened
+WORKSPACE_VIEWS = {"Compare": CompareView, "Restore": RestoreView, "Retention": RetentionView}
 
 
 class Dashboard(pn.viewable.Viewer):
-    """Runs on the left, one tab per task on the right; per-run views built on first use."""
+    """Runs on the left, one tab per task on the right; every view but Browse is built when its
+    tab is first opened (a page that is only browsed never builds Compare, Restore, Retention)."""
 
     run = param.Selector(objects=[], doc="the run the Browse/Trajectory tabs show")
     poll_seconds = param.Number(
@@ -47,25 +51,71 @@ class Dashboard(pn.viewable.Viewer):
         self.workspace = workspace
         super().__init__(**params)
         self.picker = TreePicker(workspace)
-        self.compare = CompareView(workspace)
-        self.restore = RestoreView(workspace)
-        self.retention = RetentionView(workspace)
+        self._views: dict[str, pn.viewable.Viewer] = {}  # tab name -> its view, once built
         self._browsers: dict[str, RunBrowser] = {}
         self._trajectories: dict[str, TrajectoryPlot] = {}
         self.browse_area = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-browse"])
         self.trajectory_area = pn.Column(sizing_mode="stretch_width")
+        self._areas = {name: pn.Column(sizing_mode="stretch_width") for name in WORKSPACE_VIEWS}
         self.tabs = pmui.Tabs(  # Material tabs: role="tablist"/"tab", keyboard navigation
-            ("Browse", self.browse_area), ("Compare", self.compare),
-            ("Trajectory", self.trajectory_area), ("Restore", self.restore),
-            ("Retention", self.retention), dynamic=True, sizing_mode="stretch_width",
+            ("Browse", self.browse_area), ("Compare", self._areas["Compare"]),
+            ("Trajectory", self.trajectory_area), ("Restore", self._areas["Restore"]),
+            ("Retention", self._areas["Retention"]), dynamic=True, sizing_mode="stretch_width",
             css_classes=["ckptview-tabs"],
         )  # fmt: skip
-        workspace.param.watch(self._on_runs, "runs")
-        workspace.param.watch(self._on_changed, "changed")
-        self.tabs.param.watch(lambda e: self._show(), "active")
+        self._watchers = [workspace.param.watch(self._on_runs, "runs"),
+                          workspace.param.watch(self._on_changed, "changed")]  # fmt: skip
+        self.tabs.param.watch(self._on_tab, "active")
         self._callback = None
         self._failures_shown: dict[str, str] = {}
         self._on_runs()
+
+    # -- views built on first use -------------------------------------------------------------
+    def view(self, name: str) -> pn.viewable.Viewer:
+        """The view of the tab ``name`` (Compare, Restore, Retention), built on first use."""
+        if name not in self._views:
+            self._views[name] = WORKSPACE_VIEWS[name](self.workspace)
+            self._areas[name].objects = [self._views[name]]
+        return self._views[name]
+
+    @property
+    def built(self) -> list[str]:
+        """The tabs whose view exists so far (Browse always)."""
+        return ["Browse", *self._views, *(["Trajectory"] if self._trajectories else [])]
+
+    @property
+    def compare(self) -> CompareView:
+        return self.view("Compare")
+
+    @property
+    def restore(self) -> RestoreView:
+        return self.view("Restore")
+
+    @property
+    def retention(self) -> RetentionView:
+        return self.view("Retention")
+
+    def _on_tab(self, event) -> None:
+        name = TABS[event.new]
+        if name in WORKSPACE_VIEWS:
+            self.view(name)
+        else:
+            self._show()
+
+    def close(self) -> None:
+        """Let go of everything this dashboard holds (its browser session ended): polling
+        stops, the views are dropped and nothing shared keeps a reference to them."""
+        if self._callback is not None:
+            self._callback.stop()
+            self._callback = None
+        for browser in self._browsers.values():
+            browser.serials.stop_polling()
+        for watcher in self._watchers:
+            self.workspace.param.unwatch(watcher)
+        self._watchers = []
+        self._browsers.clear()
+        self._trajectories.clear()
+        self._views.clear()
 
     def _on_runs(self, event=None) -> None:
         labels = list(self.workspace.runs)
@@ -205,16 +255,69 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
         except Exception as e:  # noqa: BLE001 - shown on the page
             problems.append(notice(f"{md_code(url)}: {md_error(e)}", kind="danger"))
     dashboard = Dashboard(workspace, poll_seconds=poll_seconds)
-    if pn.state.curdoc is not None and pn.state.curdoc.session_context is not None:
+    served = pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
+    if served:
         dashboard.start_polling()  # served: tied to this browser session
     if not urls:
         problems.append(notice("No tree given: `ckptview serve URL...`",
                                       kind="warning"))  # fmt: skip
-    return pmui.Page(
+    page = pmui.Page(
         title="ckptview" + ("" if allow_write else " · read-only"),
         sidebar=dashboard.sidebar(), sidebar_width=300, theme_config=THEME,
         main=[*problems, dashboard.tabs],
     )  # fmt: skip
+    if served:
+        pn.state.on_session_destroyed(release_on_end(page, dashboard))
+    return page
+
+
+def unwatch_shared(*owners) -> int:
+    """Remove the watchers that ``owners`` (a session's objects) left on the server-wide
+    ``pn.state`` and ``pn.config``; the number removed.
+
+    ``pmui.Page`` follows ``pn.state.busy``: that watcher, on an object that lives as long as
+    the server, would keep the page, and through it every widget of the session, alive.
+    """
+    ids = {id(o) for o in owners}
+    removed = 0
+    for shared in (pn.state, pn.config):
+        for by_what in list(shared.param.watchers.values()):
+            for watchers in list(by_what.values()):
+                for w in list(watchers):
+                    bound = getattr(w.fn, "__self__", None)
+                    owner = getattr(bound, "self", bound)  # a Parameters: the object it is of
+                    if id(owner) in ids:
+                        shared.param.unwatch(w)
+                        removed += 1
+    return removed
+
+
+def release_on_end(page, dashboard):
+    """The ``on_session_destroyed`` callback of one served page: releases what it held.
+
+    It holds both weakly, so the callback itself keeps nothing alive."""
+    page_ref, dash_ref = weakref.ref(page), weakref.ref(dashboard)
+
+    def release(session_context) -> None:
+        dash = dash_ref()
+        if dash is not None:
+            dash.close()
+        unwatch_shared(*(o for o in (page_ref(), dash) if o is not None))
+        forget_views(session_context._document)
+
+    return release
+
+
+def forget_views(doc) -> int:
+    """Drop the server-wide registry's entries (``pn.state._views``) still naming ``doc``.
+
+    Panel removes a page's own entry when its session ends, but not the one of the session's
+    notification area (``pn.extension(notifications=True)``): that entry holds the Document,
+    and the Document every model and widget of the session."""
+    stale = [ref for ref, view in list(pn.state._views.items()) if view[2] is doc]
+    for ref in stale:
+        pn.state._views.pop(ref, None)
+    return len(stale)
 
 
 def _parser():

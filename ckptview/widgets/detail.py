@@ -56,7 +56,10 @@ class VariableDetail(pn.viewable.Viewer):
         self.plot = pn.pane.HoloViews(plots.empty("histogram: press the button"),
                                       sizing_mode="stretch_width", backend="bokeh",
                                       css_classes=["ckptview-histogram"])  # fmt: skip
-        self.body = pn.Column(self.info, self.button, pn.Row(self.stats, self.plot),
+        # the table and the plot join the page when there is something to show in them (a
+        # page that never asks for statistics never builds their ~40 Bokeh models)
+        self.results = pn.Row(sizing_mode="stretch_width")
+        self.body = pn.Column(self.info, self.button, self.results,
                               sizing_mode="stretch_width")  # fmt: skip
         self._describe()
 
@@ -90,8 +93,14 @@ class VariableDetail(pn.viewable.Viewer):
         self.button.disabled = bool(err) or not is_numeric(r["dtype"])
         if err:  # say why instead of an empty histogram
             self.plot.object = plots.empty(f"cannot be read: {err[:120]}")
+            self._reveal()
         elif not is_numeric(r["dtype"]):
             self.plot.object = plots.empty("not a numeric tensor: no histogram")
+            self._reveal()
+
+    def _reveal(self) -> None:
+        if not self.results.objects:
+            self.results.objects = [self.stats, self.plot]
 
     def compute(self) -> tuple[dict, tuple]:
         """Statistics and histogram of the current variable (blocking; runs in a thread)."""
@@ -105,6 +114,7 @@ class VariableDetail(pn.viewable.Viewer):
         rows = [(k, fmt_number(st.get(k))) for k in STAT_ORDER if k in st]
         self.stats.value = pd.DataFrame(rows, columns=["statistic", "value"])
         self.plot.object = plots.histogram(counts, edges, f"{self.variable} (serial {self.serial})")
+        self._reveal()
 
     async def _on_compute(self, event=None) -> None:
         try:

@@ -6,6 +6,8 @@
 - answers only the hosts a browser may open the page from (the loopback names of the port it
   listens on, and each ``--allow-websocket-origin``): a page fetched through another name (DNS
   rebinding, a forgotten proxy) gets ``403``;
+- compresses what it sends (gzip, to a browser that accepts it): the page and the ~5 MB of
+  JavaScript and CSS it loads travel as a fraction of that;
 - sends a Content-Security-Policy with every HTML page: scripts run only when the server wrote
   them (a fresh nonce per page, trust passed on to the scripts they load), so HTML that reached
   the page from a checkpoint cannot run; images, connections and forms stay on this server; no
@@ -23,7 +25,7 @@ from bokeh.server.util import check_allowlist
 from panel.command.serve import Serve
 from tornado import httputil
 from tornado.routing import Matcher, Rule
-from tornado.web import OutputTransform, RequestHandler
+from tornado.web import GZipContentEncoding, OutputTransform, RequestHandler
 
 #: the policy of every HTML page; ``{nonce}`` is fresh for each response
 CSP = "; ".join([
@@ -110,6 +112,9 @@ class HardenedServe(Serve):
         refuse = app.default_router.process_rule(Rule(ForeignHost(hosts), RefuseHost))
         app.default_router.rules.insert(0, refuse)  # checked before any page or socket
         app.transforms.insert(0, SecurityHeaders)  # before any compression: sees the HTML
+        if GZipContentEncoding not in app.transforms:  # tornado's compress_response=True
+            app.settings["compress_response"] = True
+            app.transforms.append(GZipContentEncoding)
         return super().customize_server(server)
 
 

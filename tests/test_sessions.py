@@ -1,0 +1,154 @@
+"""What one served page costs the server, and that it is all given back when the page ends.
+
+In process, with no browser: a session is built under a Bokeh ``Document`` (as ``panel serve``
+does for each page GET) and its models counted; a threaded Panel server is asked for pages and,
+once Bokeh has discarded their sessions, no dashboard of theirs may be left alive.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import time
+import urllib.request
+import weakref
+from collections import Counter
+
+import panel as pn
+import pytest
+from bokeh.document import Document
+from panel.io.state import set_curdoc
+
+import ckptview as cv
+from ckptview.demo import write_demo
+from ckptview.widgets import app as appmod
+from ckptview.widgets._base import Workspace
+from ckptview.widgets.app import TABS, Dashboard, build_app
+from ckptview.widgets.compare import CompareView
+from ckptview.widgets.restore import RestoreView
+from ckptview.widgets.retention import RetentionView
+
+#: Bokeh models of a served demo page: 288 when every view was built at once, 243 now (the
+#: Browse tab: the serials table and timeline, the variables and their totals); a margin for
+#: library versions, none for a second tab built eagerly (Compare alone is ~70 models)
+MAX_MODELS = 260
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return write_demo(tmp_path_factory.mktemp("sessions") / "demo", serials=8).root
+
+
+def session_models(urls: list[str]) -> tuple[Document, object]:
+    """One page as ``panel serve`` builds it: the app under a fresh Document."""
+    doc = Document()
+    with set_curdoc(doc):
+        page = build_app(urls, poll_seconds=0)
+        page.server_doc(doc)
+    return doc, page
+
+
+def test_a_session_builds_the_browse_tab_only(demo):
+    doc, page = session_models([str(demo)])
+    kinds = Counter(type(m).__name__ for m in doc.models)
+    assert len(doc.models) <= MAX_MODELS, (len(doc.models), kinds.most_common(12))
+    tables = [m for m in doc.models if type(m).__name__ == "DataTabulator"]
+    # serials, verify, variables, per kind, per node: the statistics table waits for its button
+    assert len(tables) == 5
+    assert kinds["figure"] == 1  # the timeline; the histogram waits for its button
+    dash = page.main[-1]
+    assert isinstance(dash, pn.Tabs) and [n for n in dash._names] == TABS
+
+
+def test_other_tabs_are_built_when_first_opened(demo):
+    ws = Workspace([cv.open(demo)])
+    dash = Dashboard(ws, poll_seconds=0)
+    assert dash.built == ["Browse"] and not dash._views
+    assert all(not area.objects for area in dash._areas.values())
+    dash.tabs.active = TABS.index("Restore")
+    assert dash.built == ["Browse", "Restore"]
+    assert isinstance(dash._views["Restore"], RestoreView) and dash._areas["Restore"].objects
+    assert not dash._areas["Compare"].objects and not dash._areas["Retention"].objects
+    dash.tabs.active = TABS.index("Compare")
+    dash.tabs.active = TABS.index("Restore")  # opened again: the same view, not a new one
+    assert dash.built == ["Browse", "Restore", "Compare"]
+    assert isinstance(dash.compare, CompareView) and dash.compare is dash._views["Compare"]
+    assert isinstance(dash.retention, RetentionView)  # asked for in code: built then
+    dash.tabs.active = TABS.index("Trajectory")
+    assert "Trajectory" in dash.built
+
+
+def test_close_lets_go_of_the_workspace(demo):
+    ws = Workspace([cv.open(demo)])
+    dash = Dashboard(ws, poll_seconds=0)
+    dash.view("Compare")
+    before = sum(len(w) for by in ws.param.watchers.values() for w in by.values())
+    dash.close()
+    after = sum(len(w) for by in ws.param.watchers.values() for w in by.values())
+    assert after == before - 2  # the dashboard's own two (its views were dropped with it)
+    assert not dash._views and not dash._browsers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_served_sessions_are_released_when_they_end(demo, monkeypatch):
+    """Pages asked for and left: once Bokeh discards their sessions nothing keeps their
+    dashboards alive (no watcher on the server-wide ``pn.state``, no stale ``pn.state._views``
+    entry, no periodic callback)."""
+    dashboards: list[weakref.ref] = []
+    destroyed: list[str] = []
+    init = Dashboard.__init__
+
+    def tracked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        dashboards.append(weakref.ref(self))
+
+    monkeypatch.setattr(appmod.Dashboard, "__init__", tracked)
+
+    def app():
+        pn.state.on_session_destroyed(lambda ctx: destroyed.append(ctx.id))
+        return build_app([str(demo)], poll_seconds=5)  # polling on, as served
+
+    # other tests' pages, built without a server, stay registered: only this test's count
+    views_before = set(pn.state._views)
+    busy_before = len(pn.state.param.watchers.get("busy", {}).get("value", []))
+    port = free_port()
+    server = pn.serve({"app": app}, port=port, address="127.0.0.1", threaded=True, show=False,
+                      websocket_origin=[f"127.0.0.1:{port}"],
+                      unused_session_lifetime_milliseconds=300,
+                      check_unused_sessions_milliseconds=200)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # listening (no page asked for: each GET of the page is a session)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        n = 6
+        for _ in range(n):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/app", timeout=300) as r:
+                assert r.status == 200 and b"bokeh" in r.read()
+        assert len(dashboards) == n
+        deadline = time.monotonic() + 60
+        while len(destroyed) < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(destroyed) == n  # Bokeh discarded every session
+        for _ in range(20):
+            gc.collect()
+            alive = [d for d in dashboards if d() is not None]
+            if not alive:
+                break
+            time.sleep(0.2)
+        assert not alive, f"{len(alive)} of {n} dashboards still alive after their sessions"
+        assert set(pn.state._views) <= views_before  # no served session's models left there
+        busy = pn.state.param.watchers.get("busy", {}).get("value", [])
+        assert len(busy) <= busy_before  # no served page still follows pn.state.busy
+    finally:
+        server.stop()
