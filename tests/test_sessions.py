@@ -15,6 +15,7 @@ import weakref
 from collections import Counter
 
 import panel as pn
+import panel_material_ui as pmui
 import pytest
 from bokeh.document import Document
 from panel.io.state import set_curdoc
@@ -57,7 +58,7 @@ def test_a_session_builds_the_browse_tab_only(demo):
     assert len(tables) == 5
     assert kinds["figure"] == 1  # the timeline; the histogram waits for its button
     dash = page.main[-1]
-    assert isinstance(dash, pn.Tabs) and [n for n in dash._names] == TABS
+    assert isinstance(dash, pmui.Tabs) and [n for n in dash._names] == TABS
 
 
 def test_other_tabs_are_built_when_first_opened(demo):
