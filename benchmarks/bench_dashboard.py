@@ -45,7 +45,7 @@ def first_paint_traffic(page, url: str) -> dict:
         ws.on("framereceived", lambda _: frames.__setitem__("received", frames["received"] + 1))
 
     page.on("websocket", on_socket)
-    page.on("response", responses.append)
+    page.on("response", lambda r: responses.append(r))  # a Python function: playwright tags it
     page.goto(url)
     page.locator(".ckptview-serials .tabulator-row").first.wait_for(timeout=600_000)
     counts = dict(frames)
