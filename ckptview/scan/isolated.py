@@ -93,8 +93,8 @@ class WorkerDied(RuntimeError):
 
 
 def _cause(workers: list) -> str:
-    for w in workers:
-        w.join(5)
+    for w in workers:  # a loaded machine can take a while to reap the dead worker
+        w.join(30)
     code = next((w.exitcode for w in workers if w.exitcode not in (None, 0)), None)
     if code is None:
         return "the worker process listing it died"

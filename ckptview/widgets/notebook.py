@@ -26,6 +26,34 @@ def extension(*extensions: str, **params: Any) -> None:
     hv.extension("bokeh", logo=False)
     pn.extension("tabulator", *extensions, inline=True, **params)
     _show_holoviews_as_panel()
+    _later_stylesheets_from_the_jupyter_server()
+
+
+#: where Panel's Jupyter server extension (shipped with panel) serves Panel's own files
+JUPYTER_DIST = "/panel-preview/static/extensions/panel/"
+
+
+def _later_stylesheets_from_the_jupyter_server() -> None:
+    """Stylesheets that join a displayed page later (a loading spinner, a table or message
+    built by a callback) come from the Jupyter server, not the CDN.
+
+    Panel inlines a page's stylesheets when it is displayed, but resolves those sent later
+    against its document's ``dist_url``, which is the CDN unless set (as ``panel serve`` does).
+    """
+    import panel.viewable as viewable
+
+    original = viewable.patch_inline_stylesheets
+    if getattr(original, "_ckptview", False):
+        return
+
+    def patch(model: Any) -> None:
+        original(model)
+        doc = model.document
+        if doc is not None:
+            doc._template_variables["dist_url"] = JUPYTER_DIST
+
+    patch._ckptview = True  # type: ignore[attr-defined]
+    viewable.patch_inline_stylesheets = patch
 
 
 def _show_holoviews_as_panel() -> None:
