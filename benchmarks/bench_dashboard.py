@@ -27,8 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
-from test_browser_app import CHROMIUM, CHROMIUM_ARGS, Server  # noqa: E402
+from test_browser_app import Server  # noqa: E402
 from test_browser_scale import VARIABLES, measure, write_scale_tree  # noqa: E402
 
 import ckptview as cv  # noqa: E402

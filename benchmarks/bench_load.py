@@ -32,7 +32,8 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_browser_app import CHROMIUM, CHROMIUM_ARGS, Server  # noqa: E402
+from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from test_browser_app import Server  # noqa: E402
 
 from ckptview.demo import write_demo  # noqa: E402
 

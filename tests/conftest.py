@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("CKPTVIEW_CORPUS", ROOT.parent / "shared" / "corpus")).resolve()
 WILD = Path(os.environ.get("CKPTVIEW_WILD", ROOT.parent / "shared" / "wild")).resolve()
+
+
+#: Debian's Chromium (``.ci/run`` installs it), never a Playwright-downloaded browser
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    """Every browser test drives Debian's Chromium."""
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
 def wild_path(*parts: str) -> Path:

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import corpus_path
+from conftest import corpus_path, free_port
 from playwright.sync_api import Page, expect
 
 import ckptview as cv
@@ -32,20 +31,12 @@ from ckptview.widgets._format import fmt_number, human_bytes, serials_frame
 ROOT = Path(__file__).resolve().parents[1]
 APP = Path(os.environ.get("CKPTVIEW_APP", ROOT / "app" / "ckptview_app.py"))
 SHOTS = Path(os.environ.get("CKPTVIEW_SHOTS", Path(tempfile.gettempdir()) / "ckptview-shots"))
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 CORPUS_TREES = ["paddle/fluid_ckpt", "caffe2/ckpt", "modern/hf"]
 SERIALS = 6
 WAIT = 60_000
 
 pytestmark = pytest.mark.browser
 
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    """Debian's Chromium instead of a Playwright-downloaded browser."""
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +45,6 @@ def browser_context_args(browser_context_args):
 
 
 # -- the server -------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Server:
     """``panel serve APP --args URL...`` in a subprocess, stopped by its own pid.

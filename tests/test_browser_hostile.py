@@ -28,16 +28,12 @@ from hostile_names import (
     payload,
 )
 from playwright.sync_api import Page, expect
-from test_browser_app import CHROMIUM, CHROMIUM_ARGS, WAIT, Server, pick_run, shot, tab
+from test_browser_app import WAIT, Server, pick_run, shot, tab
 
 import ckptview as cv
 
 pytestmark = pytest.mark.browser
 
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
 @pytest.fixture(scope="session")

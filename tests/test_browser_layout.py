@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
-from test_browser_app import CHROMIUM, CHROMIUM_ARGS, SERIALS, WAIT, Server
+from test_browser_app import SERIALS, WAIT, Server
 
 import ckptview as cv
 from ckptview.demo import write_demo
@@ -69,11 +69,6 @@ CONTRAST = """(e) => {
           colors: [getComputedStyle(e).color, ...layers.map(String)]};
 }"""
 
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    """Debian's Chromium instead of a Playwright-downloaded browser."""
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
 @pytest.fixture(scope="module")

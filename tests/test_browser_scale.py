@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from playwright.sync_api import Page, expect
-from test_browser_app import CHROMIUM, CHROMIUM_ARGS, WAIT, Server, shot
+from test_browser_app import WAIT, Server, shot
 
 SERIALS = 1000
 VARIABLES = 1000
@@ -25,11 +25,6 @@ VARIABLES_PAGE = 50  # VariablesTable's page size
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    """Debian's Chromium instead of a Playwright-downloaded browser."""
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
 def write_scale_tree(root: Path, serials: int = SERIALS, variables: int = VARIABLES) -> Path:

@@ -8,7 +8,6 @@ Also ``ckptview serve`` itself: it starts the same server and refuses a bad tree
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 from playwright.sync_api import expect
 
 import ckptview as cv
@@ -24,22 +24,9 @@ from ckptview.demo import write_demo
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app" / "ckptview_app.py"
 RESULTS = ROOT / "test-results"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 SERIALS = 6
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    """Debian's Chromium instead of a Playwright-downloaded browser."""
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until_serving(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import corpus_path
 from playwright.sync_api import expect
-from test_browser_smoke import CHROMIUM, CHROMIUM_ARGS, free_port, stop, wait_until_serving
+from test_browser_smoke import free_port, stop, wait_until_serving
 
 import ckptview as cv
 
@@ -28,11 +28,6 @@ NOT_IN_BASE = ["torch", "tensorflow", "jax", "paddle", "playwright", "s3fs", "te
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    """Debian's Chromium instead of a Playwright-downloaded browser."""
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
 def pip(python: Path | str, *args: str, timeout: float = 600) -> str:

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import psutil
 import pytest
+from conftest import free_port
 from playwright.sync_api import Page, expect
 
 import ckptview as cv
@@ -33,9 +34,6 @@ from ckptview.widgets._format import fmt_number
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 SHOTS = Path(os.environ.get("CKPTVIEW_SHOTS", Path(tempfile.gettempdir()) / "ckptview-shots"))
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 TOKEN = "ckptview-test"
 RUN = 240_000  # ms for a whole notebook to run (a cold kernel imports panel, bokeh, hvplot)
 WAIT = 60_000
@@ -53,23 +51,11 @@ APP_ERRORS = ("reading 'schema'", "Command 'filebrowser:open-path' not registere
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    """Debian's Chromium instead of a Playwright-downloaded browser."""
-    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
-
 
 @pytest.fixture(scope="session")
 def browser_context_args(browser_context_args):
     return {**browser_context_args, "viewport": {"width": 1400, "height": 1100}}
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Lab:

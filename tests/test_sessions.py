@@ -18,6 +18,7 @@ import panel as pn
 import panel_material_ui as pmui
 import pytest
 from bokeh.document import Document
+from conftest import free_port
 from panel.io.state import set_curdoc
 
 import ckptview as cv
@@ -89,11 +90,6 @@ def test_close_lets_go_of_the_workspace(demo):
     assert after == before - 2  # the dashboard's own two (its views were dropped with it)
     assert not dash._views and not dash._browsers
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_served_sessions_are_released_when_they_end(demo, monkeypatch):
