@@ -10,6 +10,8 @@ fresh single-worker pool, so the file that kills its worker is found and becomes
 from __future__ import annotations
 
 import multiprocessing
+import os
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -20,8 +22,13 @@ MEMORY_LIMIT = 4 << 30  # address space per worker
 CPU_SECONDS = 600  # CPU time per worker (a parser spinning forever is killed)
 
 
-def _limit(memory: int | None, cpu: int | None) -> None:
+def _limit(memory: int | None, cpu: int | None, fault_log: str | None = None) -> None:
     import resource
+
+    if fault_log:  # a fatal signal is written here before it kills the worker
+        import faulthandler
+
+        faulthandler.enable(open(fault_log, "a"), all_threads=False)  # noqa: SIM115 - kept open
 
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -49,9 +56,9 @@ class IsolatedExecutor(Executor):
         self._lock = threading.Lock()
         self.restarts = 0  # pools replaced after a worker died
 
-    def _new_pool(self, workers: int) -> ProcessPoolExecutor:
+    def _new_pool(self, workers: int, fault_log: str | None = None) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(workers, mp_context=self.context, initializer=_limit,
-                                   initargs=(self.memory, self.cpu))  # fmt: skip
+                                   initargs=(self.memory, self.cpu, fault_log))  # fmt: skip
 
     def pool(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -70,16 +77,19 @@ class IsolatedExecutor(Executor):
 
     def rerun(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args)`` alone in a fresh worker; raises :class:`WorkerDied` if it dies."""
-        pool = self._new_pool(1)
+        fd, fault_log = tempfile.mkstemp(prefix="ckptview-worker-", suffix=".log")
+        os.close(fd)
+        pool = self._new_pool(1, fault_log)
         try:
             future = pool.submit(fn, *args, **kwargs)
             workers = list((getattr(pool, "_processes", None) or {}).values())
             try:
                 return future.result()
             except BrokenProcessPool:
-                raise WorkerDied(_cause(workers)) from None
+                raise WorkerDied(_cause(workers, fault_log)) from None
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+            os.unlink(fault_log)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
@@ -92,11 +102,20 @@ class WorkerDied(RuntimeError):
     """A worker process died while listing a file (a signal or a resource limit)."""
 
 
-def _cause(workers: list) -> str:
-    for w in workers:  # a loaded machine can take a while to reap the dead worker
-        w.join(30)
+#: what faulthandler writes for a fatal signal -> the signal
+FAULTS = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SIGABRT",
+          "Floating-point exception": "SIGFPE", "Illegal instruction": "SIGILL"}  # fmt: skip
+
+
+def _cause(workers: list, fault_log: str | None = None) -> str:
+    for w in workers:
+        w.join(5)
     code = next((w.exitcode for w in workers if w.exitcode not in (None, 0)), None)
-    if code is None:
+    if code is None:  # the exit status was reaped elsewhere: the worker's own last words
+        text = open(fault_log, errors="replace").read() if fault_log else ""  # noqa: SIM115
+        name = next((sig for words, sig in FAULTS.items() if words in text), None)
+        if name:
+            return f"the worker process listing it was killed by {name}"
         return "the worker process listing it died"
     if code < 0:
         import signal
