@@ -47,7 +47,7 @@ def first_paint_traffic(page, url: str) -> dict:
 
     page.on("websocket", on_socket)
     page.on("response", lambda r: responses.append(r))  # a Python function: playwright tags it
-    page.goto(url)
+    page.goto(url, wait_until="commit")
     page.locator(".ckptview-serials .tabulator-row").first.wait_for(timeout=600_000)
     counts = dict(frames)
     wire = body = 0

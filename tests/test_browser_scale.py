@@ -26,7 +26,6 @@ VARIABLES_PAGE = 50  # VariablesTable's page size
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-
 def write_scale_tree(root: Path, serials: int = SERIALS, variables: int = VARIABLES) -> Path:
     """``step_<s>.safetensors`` per serial (the tree of ``tests/test_scale.py``, written fast:
     one JSON header shared by every file). Variable ``i`` of serial ``s`` holds
@@ -60,7 +59,7 @@ def measure(page: Page, url: str, serial_row: int = 4) -> dict:
     """Seconds: first paint of the serials table, a page change, one serial's variables."""
     rows = page.locator(".ckptview-serials .tabulator-row")
     t0 = time.perf_counter()
-    page.goto(url)
+    page.goto(url, wait_until="commit")  # the rows, not the load event (late resources)
     expect(rows.first).to_be_visible(timeout=WAIT)
     paint = time.perf_counter() - t0
     first = first_serial(page)

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+import unittest
 from pathlib import Path
 
 import psutil
@@ -145,6 +146,57 @@ def test_the_page_and_its_resources_are_compressed_when_asked(served):
         assert gzip.decompress(packed.body) == plain.body, path
         if len(plain.body) > 100_000:
             assert len(packed.body) < len(plain.body) / 2, path
+        again = get(served.port, path, headers=gz)  # compressed once, then served as stored
+        assert again.body == packed.body and again.getheader("Content-Length") == str(
+            len(packed.body)
+        ), path
+        assert gzip.decompress(again.body) == plain.body, path
+
+
+def test_static_gzip_keeps_each_resource_once(tmp_path):
+    """The compressed bytes are kept per URL and Etag (a changed file is compressed again),
+    never for an HTML page, and the store stays within its byte budget."""
+    import tornado.httpserver
+    import tornado.testing
+    import tornado.web
+
+    from ckptview.widgets.server import StaticGZip
+
+    (tmp_path / "app.js").write_text("var x = 1;\n" * 5000)
+
+    class Page(tornado.web.RequestHandler):
+        def get(self):
+            self.write("<html>" + "<p>hi</p>" * 500)
+
+    app = tornado.web.Application([(r"/page", Page)], static_path=str(tmp_path),
+                                  transforms=[StaticGZip])  # fmt: skip
+    StaticGZip.cache.clear()
+
+    class Client(tornado.testing.AsyncHTTPTestCase):
+        def get_app(self):
+            return app
+
+        def runTest(self):
+            def fetch(url):
+                return self.fetch(
+                    url, headers={"Accept-Encoding": "gzip"}, decompress_response=False
+                )
+
+            first, second = fetch("/static/app.js"), fetch("/static/app.js")
+            assert first.headers["Content-Encoding"] == second.headers["Content-Encoding"] == "gzip"
+            assert gzip.decompress(first.body) == gzip.decompress(second.body) == (
+                tmp_path / "app.js").read_bytes()  # fmt: skip
+            assert len(StaticGZip.cache) == 1
+            (tmp_path / "app.js").write_text("var y = 2;\n" * 6000)  # a new Etag
+            third = fetch("/static/app.js")
+            assert gzip.decompress(third.body) == (tmp_path / "app.js").read_bytes()
+            assert len(StaticGZip.cache) == 2
+            page = fetch("/page")
+            assert page.headers["Content-Encoding"] == "gzip" and len(StaticGZip.cache) == 2
+
+    result = unittest.TestResult()
+    Client().run(result)
+    assert not result.errors and not result.failures, result.errors + result.failures
 
 
 def test_basic_auth_guards_the_page(tree):

@@ -295,6 +295,8 @@ def test_hf_serials_show_a_readable_set_of_columns():
     table.columns = [*table.columns, "grad_norm"]  # the column chooser
     hidden = {titles.get(c, c) for c in table.table.hidden_columns}
     assert "grad_norm" not in hidden and "grad_norm" in metrics
+    shown = {titles.get(c, c) for c in table.table.value.columns}  # only what is shown is sent
+    assert "grad_norm" in shown and "nodes" not in shown and len(shown) == 2 + len(table.columns)
 
 
 # -- live runs ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import posixpath
 import threading
@@ -82,6 +83,28 @@ TEXT_TOOLTIP = (
 )
 
 
+class LeanTabulator(pn.widgets.Tabulator):
+    """A read-only Tabulator whose columns share their cell models.
+
+    Panel gives every column its own editor and formatter (three Bokeh models a column: half a
+    page's models for a wide table, each one built, serialised and walked again on every
+    document change). Read-only, every column can use one plain editor, and columns whose
+    formatters are alike one formatter."""
+
+    def _get_column_definitions(self, col_names, df):
+        from bokeh.models.widgets.tables import CellEditor
+
+        columns = super()._get_column_definitions(col_names, df)
+        editor = CellEditor()
+        formatters: dict = {}
+        for column in columns:
+            column.editor = editor
+            f = column.formatter
+            key = (type(f), repr(sorted(f.properties_with_values(include_defaults=False).items())))
+            column.formatter = formatters.setdefault(key, f)
+        return columns
+
+
 def table(value: pd.DataFrame, **kwargs) -> pn.widgets.Tabulator:
     """A read-only Tabulator with the package's defaults (fits the page width).
 
@@ -100,7 +123,45 @@ def table(value: pd.DataFrame, **kwargs) -> pn.widgets.Tabulator:
         stylesheets=[TABLE_CSS], theme="simple", configuration={"columnDefaults": defaults},
     )  # fmt: skip
     opts.update(kwargs)
-    return pn.widgets.Tabulator(value, **opts)
+    return LeanTabulator(value, **opts)
+
+
+def served() -> bool:
+    """Whether the code runs for a browser session of a Panel server (not a notebook)."""
+    doc = pn.state.curdoc
+    return doc is not None and doc.session_context is not None
+
+
+def draw_later(area: pn.layout.ListLike, make: Callable[[], Any]) -> None:
+    """Fill ``area`` with ``make()``: in a notebook now; served, once the page is up.
+
+    The browser paints the tables only when the server has answered every message the page
+    sent while loading, the last one saying it is ready. A plot built on that message (Panel's
+    ``defer_load``) held the rows back by its building time; built on the next turn of the event
+    loop, it follows the rows instead of preceding them."""
+    if not served():
+        area.objects = [make()]
+        return
+    doc = pn.state.curdoc
+
+    def fill() -> None:
+        area.objects = [make()]
+
+    pn.state.onload(lambda: doc.add_next_tick_callback(fill))
+
+
+def built_once(method: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A viewer's ``__panel__`` that builds its layout once: showing it again (a tab switch, the
+    same run picked again) reuses the widgets and their state instead of building new ones."""
+
+    @functools.wraps(method)
+    def layout(self):
+        built = self.__dict__.get("_built_layout")
+        if built is None:
+            built = self.__dict__["_built_layout"] = method(self)
+        return built
+
+    return layout
 
 
 async def in_background(target: pn.viewable.Viewable | None, fn: Callable[..., Any], *args):
@@ -133,8 +194,11 @@ class Workspace(param.Parameterized):
     guard = param.ClassSelector(class_=Guard, doc="roots and write access")
     changed = param.Integer(default=0, doc="bumped after a restore or retention changed a tree")
     grown = param.Integer(default=0, doc="bumped when polling found new or changed serials")
-    executor = param.Parameter(default=None, doc="lists the files of the trees opened here "
-                               "(served: an IsolatedExecutor, so a parser crash is one error row)")
+    executor = param.Parameter(
+        default=None,
+        doc="lists the files of the trees opened here "
+        "(served: an IsolatedExecutor, so a parser crash is one error row)",
+    )
 
     def __init__(self, catalogs=None, guard: Guard | None = None, **params):
         super().__init__(guard=guard or Guard(restrict=False, allow_write=True), **params)
@@ -200,7 +264,9 @@ NOTICE_STYLES = {
 
 
 #: text with long paths or names: they break anywhere rather than run out of their box
-WRAP_CSS = ":host { overflow-wrap: anywhere; } code { white-space: normal; overflow-wrap: anywhere; }"
+WRAP_CSS = (
+    ":host { overflow-wrap: anywhere; } code { white-space: normal; overflow-wrap: anywhere; }"
+)
 
 
 def wrapping(**kwargs) -> dict:

@@ -8,6 +8,7 @@ and of ``ckptview serve``. Only the given trees and trees below them can be open
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import weakref
 
@@ -18,7 +19,7 @@ import param
 import ckptview as cv
 from ckptview.scan.isolated import IsolatedExecutor
 
-from ._base import Workspace, in_background, notice
+from ._base import Workspace, draw_later, in_background, notice
 from ._format import md_code, md_error, md_text
 from .browser import RunBrowser
 from .compare import CompareView
@@ -120,11 +121,13 @@ class Dashboard(pn.viewable.Viewer):
     def _on_runs(self, event=None) -> None:
         labels = list(self.workspace.runs)
         self.param.run.objects = labels
+        before = self.run
         if event is not None and event.new and len(event.new) > len(event.old or {}):
             self.run = labels[-1]  # a run just opened: show it
         elif labels and self.run not in labels:
             self.run = labels[0]
-        self._show()
+        if self.run == before:  # else ``_show`` ran when ``run`` changed
+            self._show()
 
     def _on_changed(self, event=None) -> None:
         self._browsers.clear()
@@ -207,8 +210,13 @@ class Dashboard(pn.viewable.Viewer):
             pn.widgets.RadioBoxGroup.from_param(self.param.run, label="run",
                                                 css_classes=["ckptview-run-select"]),
             pn.pane.Markdown("#### Open another tree"),
-            self.picker,
+            self._picker_area(),
         ]  # fmt: skip
+
+    def _picker_area(self) -> pn.Column:
+        area = pn.Column(sizing_mode="stretch_width")
+        draw_later(area, lambda: self.picker)  # served: once the serials have painted
+        return area
 
     def __panel__(self):
         self.start_polling()
@@ -266,9 +274,28 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
         sidebar=dashboard.sidebar(), sidebar_width=300, theme_config=THEME,
         main=[*problems, dashboard.tabs],
     )  # fmt: skip
+    own_busy(page)
     if served:
         pn.state.on_session_destroyed(release_on_end(page, dashboard))
     return page
+
+
+def own_busy(page) -> None:
+    """Unbind ``page.busy`` from the server-wide ``pn.state.busy``.
+
+    ``pmui.Page`` follows ``pn.state.busy``, which any session's callback sets: every open
+    page then updated its model (a walk over all its Bokeh models) whenever any visitor clicked,
+    so the work grew with the square of the sessions, and each visitor saw the others' busy
+    bar. The views show their own loading state instead (``in_background``)."""
+    from panel.util import edit_readonly
+
+    with edit_readonly(page):
+        page.busy = False  # a plain value: the reference to pn.state.busy is dropped
+    for watchers in pn.state.param.watchers.get("busy", {}).values():
+        for w in list(watchers):
+            bound = getattr(w.fn, "__self__", None)
+            if getattr(bound, "self", bound) is page:
+                pn.state.param.unwatch(w)
 
 
 def unwatch_shared(*owners) -> int:
@@ -351,8 +378,29 @@ def poll_seconds(argv: list[str]) -> float:
     return max(0.0, value)
 
 
+def settle(urls: list[str], executor=None) -> None:
+    """Catalogue the served trees, then move everything alive into the garbage collector's
+    permanent generation, once per server process.
+
+    Panel runs a full ``gc.collect()`` after sessions end; it walked every object of the
+    catalogs and of the imported libraries each time (~0.25 s on the demo tree, more on a
+    large catalog), on the event loop every page waits on. What lives as long as the server
+    need not be walked again."""
+    if pn.state.cache.get("ckptview-gc-frozen"):
+        return
+    for url in urls:
+        try:
+            shared_catalog(url, executor)
+        except Exception:  # noqa: BLE001, S112 - build_app shows it on the page
+            continue
+    gc.collect()
+    gc.freeze()
+    pn.state.cache["ckptview-gc-frozen"] = True
+
+
 def serve(argv: list[str]):
     """Build the page from ``--args`` and mark it servable (the whole of the app script)."""
     urls, allow_write = parse_args(argv)
+    settle(urls, server_executor())
     page = build_app(urls, allow_write=allow_write, poll_seconds=poll_seconds(argv), isolate=True)
     return page.servable(title="ckptview")

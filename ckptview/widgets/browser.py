@@ -7,6 +7,7 @@ import param
 
 import ckptview as cv
 
+from ._base import built_once, draw_later
 from .detail import VariableDetail
 from .serials import SerialsTable
 from .variables import VariablesTable
@@ -53,13 +54,13 @@ class RunBrowser(pn.viewable.Viewer):
             node, name = event.new
             self.detail.param.update(serial=self.variables.serial, node=node, variable=name)
 
+    @built_once
     def __panel__(self):
-        return pn.Column(
-            self.serials,
-            self.verify,
-            pn.layout.Divider(),
-            self.variables,
-            pn.layout.Divider(),
-            self.detail,
-            sizing_mode="stretch_width",
-        )
+        # served, the serials paint first and the serial's variables join once the page is up
+        # (the browser paints a table only when the whole page has been built and the server
+        # has answered it: the variables, their filters and totals doubled that time)
+        below = pn.Column(sizing_mode="stretch_width")
+        draw_later(below, lambda: pn.Column(self.verify, pn.layout.Divider(), self.variables,
+                                            pn.layout.Divider(), self.detail,
+                                            sizing_mode="stretch_width"))  # fmt: skip
+        return pn.Column(self.serials, below, sizing_mode="stretch_width")

@@ -7,7 +7,7 @@ import json
 import panel as pn
 import param
 
-from ._base import Workspace, as_workspace, in_background, wrapping
+from ._base import Workspace, as_workspace, built_once, in_background, wrapping
 from ._format import md_code, md_problem, md_text
 
 
@@ -31,8 +31,10 @@ class TreePicker(pn.viewable.Viewer):
     def _list(self) -> None:
         runs = self.workspace.runs
         self.runs.object = (
-            "\n".join(f"- **{md_text(label)}** · {md_text(cat.layout)} · {md_code(cat.url)}"
-                      for label, cat in runs.items())  # fmt: skip
+            "\n".join(
+                f"- **{md_text(label)}** · {md_text(cat.layout)} · {md_code(cat.url)}"
+                for label, cat in runs.items()
+            )  # fmt: skip
             or "*No tree open.*"
         )
 
@@ -56,6 +58,7 @@ class TreePicker(pn.viewable.Viewer):
         except Exception as e:  # noqa: BLE001 - refusals and bad trees are shown
             self.message.object = md_problem(e, "open this tree")
 
+    @built_once
     def __panel__(self):
         return pn.Column(
             pn.widgets.TextInput.from_param(self.param.url, label="tree URL",

@@ -11,6 +11,8 @@ import ckptview as cv
 
 from . import plots
 from ._base import (
+    built_once,
+    draw_later,
     in_background,
     notice,
     refresh_if_changed,
@@ -82,7 +84,7 @@ class SerialsTable(pn.viewable.Viewer):
         self.table = table(
             self._shown(), titles=self._titles(), pagination="remote", page_size=self.page_size,
             selectable=1,
-            hidden_columns=self._hidden(), header_align="left", css_classes=["ckptview-serials"],
+            header_align="left", css_classes=["ckptview-serials"],
             formatters={"status": {"type": "html"}, "size": size_formatter(),
                         **{c: {"type": "textarea"} for c in ("nodes", "error", "warning")}},
                 **self._sizing(), text_align={"size": "right"},
@@ -133,6 +135,8 @@ class SerialsTable(pn.viewable.Viewer):
             self.columns = [c for c in self.columns if c in optional]
 
     def _hidden(self) -> list[str]:
+        """The frame's columns the table leaves out (the table holds only the shown ones: a
+        column costs the page three Bokeh models whether it is shown or not)."""
         keep = {"serial", "status", *self.columns}
         return [self._field(c) for c in self.frame.columns if c not in keep]
 
@@ -147,13 +151,13 @@ class SerialsTable(pn.viewable.Viewer):
     @param.depends("columns", watch=True)
     def _on_columns(self) -> None:
         if hasattr(self, "table"):
-            self.table.param.update(hidden_columns=self._hidden(), **self._sizing())
+            self.table.param.update(value=self._shown(), **self._sizing())
 
     def _shown(self) -> pd.DataFrame:
         shown = self.frame.rename(columns=self._field)
         shown["status"] = [badge(s) for s in shown["status"]]
         shown["size"] = shown["nbytes"]  # bytes, shown human-readable: sorts by size
-        return shown
+        return shown.drop(columns=self._hidden())
 
     def _summary(self) -> str:
         cat, f = self.catalog, self.frame
@@ -216,7 +220,7 @@ class SerialsTable(pn.viewable.Viewer):
         self.updated = new + changed
         page, selected = self.table.page, self.selected
         self._set_choices()
-        self.table.param.update(hidden_columns=self._hidden(), titles=self._titles(),
+        self.table.param.update(titles=self._titles(),
                                 **self._sizing(),
                                 value=self._shown())  # fmt: skip
         if selected is not None and selected in set(self.frame["serial"]):
@@ -306,8 +310,13 @@ class SerialsTable(pn.viewable.Viewer):
 
     def __panel__(self):
         self.start_polling()
-        plot = pn.pane.HoloViews(self.timeline, sizing_mode="stretch_width", backend="bokeh",
-                                 css_classes=["ckptview-timeline"])  # fmt: skip
+        return self._layout()
+
+    @built_once
+    def _layout(self):
+        plot = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-timeline"])
+        draw_later(plot, lambda: pn.pane.HoloViews(self.timeline, sizing_mode="stretch_width",
+                                                   backend="bokeh"))  # fmt: skip
         chooser = pn.widgets.MultiChoice.from_param(
             self.param.columns, label="columns", sizing_mode="stretch_width",
             css_classes=["ckptview-columns"],

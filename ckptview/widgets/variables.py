@@ -8,7 +8,7 @@ import param
 
 import ckptview as cv
 
-from ._base import form_row, share_formatter, size_formatter, table
+from ._base import built_once, form_row, share_formatter, size_formatter, table
 from ._format import badge, html_choices, human_bytes, totals_frame, variables_frame
 
 SHOWN = ["name", "node", "kind", "dtype", "shape", "numel", "size", "share", "error"]
@@ -126,6 +126,7 @@ class VariablesTable(pn.viewable.Viewer):
             row = self._shown.iloc[event.new[0]]
             self.selected = (str(row["node"]), str(row["name"]))
 
+    @built_once
     def __panel__(self):
         filters = form_row(
             pn.widgets.TextInput.from_param(self.param.name_filter, label="name contains",

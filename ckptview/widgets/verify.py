@@ -28,19 +28,30 @@ class VerifyPanel(pn.viewable.Viewer):
                                         css_classes=["ckptview-verify"])  # fmt: skip
         self.button.on_click(self._on_verify)
         self.message = notice("", visible=False, css_classes=["ckptview-verify-result"])
-        self.findings = table(pd.DataFrame(columns=SHOWN), css_classes=["ckptview-findings"],
-                              layout="fit_columns", widths={"check": 130, "severity": 90},
-                              formatters={"file": {"type": "textarea"},
-                                          "message": {"type": "textarea"}},
-                              visible=False)  # fmt: skip
+        self._findings: pn.widgets.Tabulator | None = None
         self.body = pn.Column(
             pn.Row(self.button, pn.widgets.Checkbox.from_param(self.param.deep, label="deep")),
-            self.message, self.findings, sizing_mode="stretch_width",
+            self.message, sizing_mode="stretch_width",
         )  # fmt: skip
+
+    @property
+    def findings(self) -> pn.widgets.Tabulator:
+        """The findings table; it joins the page with the first verify (a page that never
+        verifies never builds it)."""
+        if self._findings is None:
+            self._findings = table(pd.DataFrame(columns=SHOWN), css_classes=["ckptview-findings"],
+                                   layout="fit_columns", widths={"check": 130, "severity": 90},
+                                   formatters={"file": {"type": "textarea"},
+                                               "message": {"type": "textarea"}},
+                                   visible=False)  # fmt: skip
+            self.body.append(self._findings)
+        return self._findings
 
     @param.depends("serial", watch=True)
     def _reset(self) -> None:
-        self.message.visible = self.findings.visible = False
+        self.message.visible = False
+        if self._findings is not None:
+            self._findings.visible = False
 
     def run(self) -> pd.DataFrame:
         """The findings for the current serial (blocking)."""
