@@ -133,8 +133,11 @@ class Workspace(param.Parameterized):
     guard = param.ClassSelector(class_=Guard, doc="roots and write access")
     changed = param.Integer(default=0, doc="bumped after a restore or retention changed a tree")
     grown = param.Integer(default=0, doc="bumped when polling found new or changed serials")
-    executor = param.Parameter(default=None, doc="lists the files of the trees opened here "
-                               "(served: an IsolatedExecutor, so a parser crash is one error row)")
+    executor = param.Parameter(
+        default=None,
+        doc="lists the files of the trees opened here "
+        "(served: an IsolatedExecutor, so a parser crash is one error row)",
+    )
 
     def __init__(self, catalogs=None, guard: Guard | None = None, **params):
         super().__init__(guard=guard or Guard(restrict=False, allow_write=True), **params)
@@ -200,7 +203,9 @@ NOTICE_STYLES = {
 
 
 #: text with long paths or names: they break anywhere rather than run out of their box
-WRAP_CSS = ":host { overflow-wrap: anywhere; } code { white-space: normal; overflow-wrap: anywhere; }"
+WRAP_CSS = (
+    ":host { overflow-wrap: anywhere; } code { white-space: normal; overflow-wrap: anywhere; }"
+)
 
 
 def wrapping(**kwargs) -> dict:

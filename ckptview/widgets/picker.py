@@ -31,8 +31,10 @@ class TreePicker(pn.viewable.Viewer):
     def _list(self) -> None:
         runs = self.workspace.runs
         self.runs.object = (
-            "\n".join(f"- **{md_text(label)}** · {md_text(cat.layout)} · {md_code(cat.url)}"
-                      for label, cat in runs.items())  # fmt: skip
+            "\n".join(
+                f"- **{md_text(label)}** · {md_text(cat.layout)} · {md_code(cat.url)}"
+                for label, cat in runs.items()
+            )  # fmt: skip
             or "*No tree open.*"
         )
 

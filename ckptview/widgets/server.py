@@ -125,4 +125,3 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if command.invoke(args) is False:
         sys.exit(1)
-
