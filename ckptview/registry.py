@@ -337,12 +337,19 @@ def _clear() -> None:
 
 
 def _get(package: str, name: str, what: str):
-    item = next((x for x in _order(package) if x.name == name), None)
+    order = _order(package)
+    by_name = _BY_NAME.get(package)
+    if by_name is None or by_name[0] is not order:  # rebuilt with the order
+        by_name = _BY_NAME[package] = (order, {x.name: x for x in order})
+    item = by_name[1].get(name)
     obj = None if item is None else _resolve(package, item)
     if obj is None:
         known = ", ".join(names(package))
         raise ValueError(f"unknown {what} {name!r}; known: {known}") from None
     return obj
+
+
+_BY_NAME: dict[str, tuple[list, dict[str, Any]]] = {}
 
 
 def get_codec(name: str):
