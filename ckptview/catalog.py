@@ -2,29 +2,49 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from .engine import diff as _diff
-from .engine import export as _export
-from .engine import restore as _restore
-from .engine import retention as _retention
 from .engine import stats as _stats
-from .engine import summary as _summary
-from .engine import usage as _usage
-from .engine import verify as _verify
-from .engine.policies import AnyOf
 from .io import Storage
 from .layouts.base import Layout
 from .model import TreeScan, VarInfo
 from .scan.cache import HeaderCache
 from .scan.core import Scan
 from .tree import Tree
+
+
+class _Lazy:
+    """A module imported on first attribute access."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+if TYPE_CHECKING:
+    from .engine import diff as _diff
+    from .engine import export as _export
+    from .engine import restore as _restore
+    from .engine import retention as _retention
+    from .engine import summary as _summary
+    from .engine import usage as _usage
+    from .engine import verify as _verify
+    from .engine.policies import AnyOf
+else:  # imported on first use: ``import ckptview`` and ``open`` stay light
+    _diff, _export, _restore, _retention, _summary, _usage, _verify = (
+        _Lazy(f"{__package__}.engine.{name}")
+        for name in ("diff", "export", "restore", "retention", "summary", "usage", "verify")
+    )
 
 #: attributes kept out of tab completion (they still work)
 _INTERNALS = frozenset({"tree", "storage", "scan", "cache"})
@@ -196,7 +216,7 @@ class Catalog:
         return _restore.restore(self._scan, serial, to, dry_run, storage_options, force, progress)
 
     def export(self, serial: int | None = None, to: str | os.PathLike | None = None,
-               names: list[str] | None = None, max_shard_bytes: int = _export.DEFAULT_MAX_SHARD,
+               names: list[str] | None = None, max_shard_bytes: int = 5 << 30,
                dequantize: bool = False, dry_run: bool = False, *, force: bool = False,
                storage_options: dict | None = None,
                progress: Callable[[int], None] | None = None) -> _export.ExportResult:  # fmt: skip

@@ -16,13 +16,11 @@ priorities by name): a class states it with a :class:`LayoutTier` / :class:`Code
 from __future__ import annotations
 
 import importlib
-import inspect
-import pkgutil
 import warnings
+from collections.abc import Iterator
 from enum import IntEnum
 from functools import lru_cache
-from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class LayoutTier(IntEnum):
@@ -70,54 +68,222 @@ _BASES = {"ckptview.codecs": "Codec", "ckptview.layouts": "Layout"}
 _REGISTERED: dict[str, dict[str, Any]] = {package: {} for package in _BASES}
 
 
+class Claim(NamedTuple):
+    """What a built-in codec's cheap check may accept, checked before its module is imported:
+    a superset of ``guess_can_open`` (a file none of these match is never the codec's)."""
+
+    #: name endings (lower case)
+    suffixes: tuple[str, ...] = ()
+    #: exact file names
+    names: tuple[str, ...] = ()
+    #: leading bytes
+    magic: tuple[bytes, ...] = ()
+    #: any file may be the codec's (content sniffing): its module is imported to ask
+    sniff: bool = False
+    #: the codec has a ``guess_can_open_blob`` second look (imported for unclaimed files)
+    blob: bool = False
+
+    def may(self, filename: str, lower: str, head: bytes) -> bool:
+        return (
+            self.sniff
+            or filename in self.names
+            or (bool(self.suffixes) and lower.endswith(self.suffixes))
+            or (bool(self.magic) and head.startswith(self.magic))
+        )
+
+
+class Builtin(NamedTuple):
+    """One built-in codec or layout as the registry knows it before importing its module:
+    enough to order detection, answer :func:`known_suffixes` and skip codecs that cannot
+    claim a file. ``tests/test_registry_lazy.py`` checks each row against its class."""
+
+    name: str
+    module: str
+    cls: str
+    priority: int
+    #: codecs: ``Codec.suffixes`` and ``Codec.save_suffixes``, as the class states them
+    suffixes: tuple[str, ...] = ()
+    save_suffixes: tuple[str, ...] = ()
+    claim: Claim = Claim()
+
+
+_NEVER = Claim()  # forced by layouts only: guess_can_open is always False
+_ZIP, _LEGACY_TORCH = b"PK\x03\x04", b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
+_PADDLE_PICKLE = (".pdparams", ".pdopt", ".pdckpt", ".pdstates", ".pdtensor", ".pdema", ".pkl",
+                  ".pickle")  # fmt: skip
+
+#: the modules of ``ckptview.codecs`` and ``ckptview.layouts``, one row per class
+BUILTIN: dict[str, tuple[Builtin, ...]] = {
+    "ckptview.codecs": (
+        Builtin("torch", "torch", "TorchCodec", CodecTier.SIGNATURE,
+                save_suffixes=(".pt", ".pth", ".bin", ".ckpt", ".tar"),
+                claim=Claim(magic=(_LEGACY_TORCH, _ZIP))),
+        Builtin("gguf", "gguf", "GGUFCodec", CodecTier.FORMAT, (".gguf",),
+                claim=Claim(suffixes=(".gguf",), magic=(b"GGUF",))),
+        Builtin("npy", "numpy", "NpyCodec", CodecTier.FORMAT, (".npy",), (".npy",),
+                claim=Claim(suffixes=(".npy",), magic=(b"\x93NUMPY",))),
+        Builtin("npz", "numpy", "NpzCodec", CodecTier.FORMAT, (".npz",), (".npz",),
+                claim=Claim(suffixes=(".npz",), magic=(_ZIP,))),
+        Builtin("orbax", "orbax", "OrbaxCodec", CodecTier.FORMAT, claim=_NEVER),
+        Builtin("orbax-json", "orbax", "OrbaxJsonCodec", CodecTier.FORMAT, claim=_NEVER),
+        Builtin("paddle", "paddle", "PaddleStreamCodec", CodecTier.FORMAT, (".pdiparams",),
+                claim=Claim(suffixes=(".pdiparams",), names=("__params__",),
+                            magic=(b"\0\0\0\0",), blob=True)),
+        Builtin("safetensors", "safetensors", "SafetensorsCodec", CodecTier.FORMAT,
+                (".safetensors",), (".safetensors",), claim=Claim(sniff=True)),
+        Builtin("tf", "tf", "TFBundleCodec", CodecTier.FORMAT, (".index",),
+                claim=Claim(suffixes=(".index",), blob=True)),
+        Builtin("paddle-dcp", "paddle_dcp", "PaddleDcpCodec", CodecTier.CONTAINER,
+                claim=Claim(suffixes=(".distcp",))),
+        Builtin("paddle-pickle", "paddle_pickle", "PaddlePickleCodec", CodecTier.CONTAINER,
+                save_suffixes=(".pkl",), claim=Claim(suffixes=_PADDLE_PICKLE)),
+        Builtin("torch_dcp", "torch_dcp", "TorchDCPCodec", CodecTier.CONTAINER,
+                claim=Claim(suffixes=(".metadata",))),
+        Builtin("caffe2", "caffe2", "Caffe2Codec", CodecTier.LOOSE, (".minidb",),
+                claim=Claim(sniff=True)),
+        Builtin("keras", "keras", "KerasCodec", CodecTier.LOOSE,
+                (".keras", ".weights.h5", ".h5", ".hdf5"),
+                claim=Claim(suffixes=(".keras", ".h5", ".hdf5"),
+                            magic=(b"\x89HDF\r\n\x1a\n",))),
+        Builtin("tf-v1", "tf_v1", "TFSliceCodec", CodecTier.LOOSE, claim=Claim(blob=True)),
+        Builtin("paddle-text-int", "paddle", "PaddleTextIntCodec", CodecTier.ASSIGNED,
+                claim=_NEVER),
+        Builtin("t5x", "t5x", "T5xCodec", CodecTier.ASSIGNED, claim=_NEVER),
+    ),
+    "ckptview.layouts": (
+        Builtin("paddle-fluid", "paddle", "PaddleFluidLayout", LayoutTier.SPECIFIC),
+        Builtin("paddle-incubate", "paddle", "PaddleIncubateLayout", LayoutTier.SPECIFIC),
+        Builtin("hf-trainer", "hf", "HFTrainerLayout", LayoutTier.FRAMEWORK),
+        Builtin("orbax", "orbax", "OrbaxLayout", LayoutTier.FRAMEWORK),
+        Builtin("paddle-dcp", "paddle_dcp", "PaddleDcpLayout", LayoutTier.FRAMEWORK),
+        Builtin("tf", "tf", "TFLayout", LayoutTier.FRAMEWORK),
+        Builtin("tf-serving", "tf_serving", "TFServingLayout", LayoutTier.FRAMEWORK),
+        Builtin("dcp", "dcp", "DCPLayout", LayoutTier.CONVENTION),
+        Builtin("deepspeed", "deepspeed", "DeepSpeedLayout", LayoutTier.CONVENTION),
+        Builtin("fsdp-verl", "verl", "VerlLayout", LayoutTier.CONVENTION),
+        Builtin("lightning", "lightning", "LightningLayout", LayoutTier.CONVENTION),
+        Builtin("megatron-legacy", "megatron", "MegatronLayout", LayoutTier.CONVENTION),
+        Builtin("paddle-static", "paddle", "PaddleStaticLayout", LayoutTier.CONVENTION),
+        Builtin("t5x", "t5x", "T5xLayout", LayoutTier.CONVENTION),
+        Builtin("caffe2", "caffe2", "Caffe2Layout", LayoutTier.CONTENT),
+        Builtin("safetensors-sharded", "hf", "SafetensorsShardedLayout", LayoutTier.FAMILY),
+        Builtin("numbered", "numbered", "NumberedLayout", LayoutTier.GENERIC),
+        Builtin("files", "files", "FilesLayout", LayoutTier.FALLBACK),
+    ),
+}  # fmt: skip
+
+#: built-in instances made so far, per package, by name (None: its module failed to import)
+_INSTANCES: dict[str, dict[str, Any]] = {package: {} for package in _BASES}
+
+
 def _base(package: str) -> Any:
     return getattr(importlib.import_module(f"{package}.base"), _BASES[package])
 
 
-def _builtin(package: str) -> dict:
-    pkg = importlib.import_module(package)
-    base = _base(package)
-    found = {}
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name.startswith("_") or info.name == "base":
-            continue
-        try:
-            module = importlib.import_module(f"{package}.{info.name}")
-        except Exception as e:  # noqa: BLE001 - a broken module must not break the rest
-            warnings.warn(f"ckptview: {package}.{info.name} unavailable: {e}", stacklevel=4)
-            continue
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            name = getattr(cls, "name", "")
-            if issubclass(cls, base) and cls.__module__ == module.__name__ and name:
-                found[name] = cls()
-    return found
+def _load(package: str, row: Builtin) -> Any | None:
+    """The instance of a built-in row, importing its module on first use (None, with a
+    warning, when the module cannot be imported: a broken module must not break the rest)."""
+    made = _INSTANCES[package]
+    if row.name in made:
+        return made[row.name]
+    try:
+        module = importlib.import_module(f"{package}.{row.module}")
+        made[row.name] = getattr(module, row.cls)()
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"ckptview: {package}.{row.module} unavailable: {e}", stacklevel=4)
+        made[row.name] = None
+    return made[row.name]
+
+
+def entry_points(**select: Any) -> Any:
+    """:func:`importlib.metadata.entry_points`, imported when plugins are first looked for."""
+    from importlib.metadata import entry_points as installed
+
+    return installed(**select)
+
+
+#: entry points of both groups, from one scan of the installed distributions, by the
+#: ``entry_points`` function that found them (a test may swap it)
+_EP_SCAN: list = [None, None]
+_PLUGINS: dict[str, dict[str, Any]] = {}
+
+
+def _entry_points(group: str) -> list:
+    if _EP_SCAN[0] is not entry_points:
+        found = entry_points()  # one scan of the installed distributions for both groups
+        if hasattr(found, "select"):
+            eps = [ep for g in _BASES for ep in found.select(group=g)]
+        else:  # a stand-in (tests) that lists by group
+            eps = [ep for g in _BASES for ep in entry_points(group=g)]
+        _EP_SCAN[:] = [entry_points, eps]
+        _PLUGINS.clear()
+        _ORDER.clear()
+    return [ep for ep in _EP_SCAN[1] if getattr(ep, "group", group) == group]
 
 
 def _plugins(group: str) -> dict:
-    found = {}
-    for ep in entry_points(group=group):
-        try:
-            found[ep.name] = ep.load()()
-        except Exception as e:  # noqa: BLE001
-            warnings.warn(f"ckptview: {group} entry point {ep.name!r} failed: {e}", stacklevel=4)
-    return found
+    """name -> instance of the group's installed plugins, loaded once (until cleared)."""
+    eps = _entry_points(group)
+    if group not in _PLUGINS:
+        found = {}
+        for ep in eps:
+            try:
+                found[ep.name] = ep.load()()
+            except Exception as e:  # noqa: BLE001
+                warnings.warn(f"ckptview: {group} entry point {ep.name!r} failed: {e}",
+                              stacklevel=4)  # fmt: skip
+        _PLUGINS[group] = found
+    return _PLUGINS[group]
+
+
+_ORDER: dict[str, list] = {}
+
+
+def _order(package: str) -> list:
+    """Detection order of a package: built-in rows (not imported yet) and plugin and
+    registered instances, by (priority, name); a later source replaces an earlier name."""
+    plugins = _plugins(package)  # (re)scans when the entry points changed
+    if package not in _ORDER:
+        found: dict[str, Any] = {row.name: row for row in BUILTIN[package]}
+        found.update(plugins)
+        found.update(_REGISTERED[package])
+        _ORDER[package] = sorted(found.values(), key=lambda x: (x.priority, x.name))
+    return _ORDER[package]
+
+
+def _resolve(package: str, item: Any) -> Any | None:
+    return _load(package, item) if isinstance(item, Builtin) else item
+
+
+def iter_ordered(package: str) -> Iterator[Any]:
+    """Instances of a package in detection order, each built-in module imported only when
+    reached (layout detection stops at the first layout that recognizes the tree)."""
+    for item in _order(package):
+        obj = _resolve(package, item)
+        if obj is not None:
+            yield obj
+
+
+def names(package: str) -> list[str]:
+    """Names of a package's layouts or codecs in detection order, importing none."""
+    return [item.name for item in _order(package)]
 
 
 def _all(package: str) -> dict:
-    """name -> instance from the three sources, in detection order."""
-    found = {**_builtin(package), **_plugins(package), **_REGISTERED[package]}
-    return dict(sorted(found.items(), key=lambda kv: (kv[1].priority, kv[0])))
+    """name -> instance from the three sources, in detection order (every module imported)."""
+    return {obj.name: obj for obj in iter_ordered(package)}
 
 
 @lru_cache(maxsize=1)
 def codecs() -> dict:
-    """name -> Codec instance, in detection order."""
+    """name -> Codec instance, in detection order (imports every codec module; detection
+    itself imports only those whose cheap checks could apply)."""
     return _all("ckptview.codecs")
 
 
 @lru_cache(maxsize=1)
 def layouts() -> dict:
-    """name -> Layout instance, in detection order."""
+    """name -> Layout instance, in detection order (imports every layout module)."""
     return _all("ckptview.layouts")
 
 
@@ -167,44 +333,83 @@ def _package_of(cls_or_obj) -> str:
 def _clear() -> None:
     codecs.cache_clear()
     layouts.cache_clear()
+    _ORDER.clear()
+
+
+def _get(package: str, name: str, what: str):
+    order = _order(package)
+    by_name = _BY_NAME.get(package)
+    if by_name is None or by_name[0] is not order:  # rebuilt with the order
+        by_name = _BY_NAME[package] = (order, {x.name: x for x in order})
+    item = by_name[1].get(name)
+    obj = None if item is None else _resolve(package, item)
+    if obj is None:
+        known = ", ".join(names(package))
+        raise ValueError(f"unknown {what} {name!r}; known: {known}") from None
+    return obj
+
+
+_BY_NAME: dict[str, tuple[list, dict[str, Any]]] = {}
 
 
 def get_codec(name: str):
-    try:
-        return codecs()[name]
-    except KeyError:
-        raise ValueError(f"unknown codec {name!r}; known: {', '.join(codecs())}") from None
+    """The codec named ``name`` (importing its module alone); ValueError naming the known."""
+    return _get("ckptview.codecs", name, "codec")
 
 
 def get_layout(name: str):
-    try:
-        return layouts()[name]
-    except KeyError:
-        raise ValueError(f"unknown layout {name!r}; known: {', '.join(layouts())}") from None
+    """The layout named ``name`` (importing its module alone); ValueError naming the known."""
+    return _get("ckptview.layouts", name, "layout")
+
+
+def _suffix_sets() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    key = _order("ckptview.codecs")
+    if _SUFFIXES[0] is not key:  # the order list is rebuilt whenever the codecs change
+        save, known = set(), set()
+        for item in _order("ckptview.codecs"):
+            saves = tuple(getattr(item, "save_suffixes", ()))
+            save.update(s.lower() for s in saves)
+            known.update(s.lower() for s in (*item.suffixes, *saves))
+        _SUFFIXES[:] = [key, tuple(sorted(save, key=lambda s: (-len(s), s))),
+                        tuple(sorted(known))]  # fmt: skip
+    return _SUFFIXES[1], _SUFFIXES[2]
+
+
+_SUFFIXES: list = [None, (), ()]
 
 
 def save_suffixes() -> tuple[str, ...]:
     """File-name endings under which scripts save one checkpoint per file, as the codecs
     declare them (``Codec.save_suffixes``), longest first: layouts that find checkpoint files
     by name alone (numbered) ask here instead of keeping their own list."""
-    found = {s.lower() for codec in codecs().values() for s in getattr(codec, "save_suffixes", ())}
-    return tuple(sorted(found, key=lambda s: (-len(s), s)))
+    return _suffix_sets()[0]
 
 
 def known_suffixes() -> tuple[str, ...]:
     """Every name ending a codec claims or saves under (``.pt``, ``.safetensors``, …): a file
     with one of them is taken for a checkpoint file."""
-    found = {x.lower() for c in codecs().values() for x in (*c.suffixes, *c.save_suffixes)}
-    return tuple(sorted(found))
+    return _suffix_sets()[1]
 
 
 def detect_codec(filename: str, head: bytes, blob=None):
     """The first codec whose cheap check accepts the file, or None.
 
     With ``blob``, a file no codec claims from its first block gets a second look from the
-    codecs that implement ``guess_can_open_blob`` (a few small reads more).
+    codecs that implement ``guess_can_open_blob`` (a few small reads more). A built-in codec
+    whose :class:`Claim` rules the file out is skipped without importing its module.
     """
-    for codec in codecs().values():
+    package = "ckptview.codecs"
+    order = _order(package)
+    lower = filename.lower()
+    for item in order:
+        if isinstance(item, Builtin):
+            if not item.claim.may(filename, lower, head):
+                continue
+            codec = _load(package, item)
+            if codec is None:
+                continue
+        else:
+            codec = item
         try:
             if codec.guess_can_open(filename, head):
                 return codec
@@ -212,7 +417,11 @@ def detect_codec(filename: str, head: bytes, blob=None):
             warnings.warn(f"ckptview: codec {codec.name} failed while guessing: {e}", stacklevel=2)
     if blob is None:
         return None
-    for codec in codecs().values():
+    for item in order:
+        if isinstance(item, Builtin):
+            codec = _load(package, item) if item.claim.blob else None
+        else:
+            codec = item
         look = getattr(codec, "guess_can_open_blob", None)
         try:
             if look is not None and look(filename, head, blob):

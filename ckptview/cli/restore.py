@@ -30,4 +30,3 @@ def run(args) -> int:
         result = cat.restore(args.serial, to=args.to, force=args.force, progress=bar.update)
     show_change(result, args.json)
     return 0
-

@@ -131,11 +131,15 @@ def check_sharing(args) -> None:
             "who reaches the port could delete checkpoints (see docs/sharing.md)"
         )
     if not args.basic_auth:
-        warn(f"listening on {args.address} with no password; anyone who reaches the port "
-             "sees the trees (see docs/sharing.md)")
+        warn(
+            f"listening on {args.address} with no password; anyone who reaches the port "
+            "sees the trees (see docs/sharing.md)"
+        )
     if not args.allow_websocket_origin:
-        warn("browsers on other hosts also need --allow-websocket-origin HOST:PORT "
-             "(the name they use to reach this machine)")
+        warn(
+            "browsers on other hosts also need --allow-websocket-origin HOST:PORT "
+            "(the name they use to reach this machine)"
+        )
 
 
 def run(args) -> int:

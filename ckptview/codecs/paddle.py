@@ -20,6 +20,7 @@ from ..formats.paddle_stream import (
     desc_dims,
     parse_dense,
     parse_selected_rows,
+    plain_dense,
     selected_rows_beyond,
     stream_bytes_plausible,
 )
@@ -71,6 +72,10 @@ class PaddleStreamCodec(Codec):
         hints = PaddleHints.of(hints)
         if blob.size == 0:
             raise FormatError("empty file (0 bytes)")
+        if not (hints.program or hints.names or hints.stream == "selected_rows"):
+            var = plain_dense(blob, blob.head())
+            if var is not None:  # one plain stream, the whole file: what the parsers give
+                return [var]
         r = Window(blob)
         first = self._first_stream(r, hints.stream)
         streams = [first]

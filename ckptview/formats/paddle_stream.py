@@ -116,6 +116,35 @@ def _tensor_body(r: Window, pos: int, attrs: dict) -> Stream:
     return Stream(var, data + nbytes)
 
 
+_PLAIN_PREFIX = bytes(16)  # LoDTensor version 0, no LoD levels, tensor version 0
+_I32 = struct.Struct("<i")
+
+
+def plain_dense(blob, head: bytes) -> VarInfo | None:
+    """The one variable of a file holding exactly one DenseTensor without LoD whose header
+    lies in ``head`` (a per-variable file of ``save_persistables``, the common case), parsed
+    straight from those bytes; None for anything else (the general parsers decide)."""
+    if head[:16] != _PLAIN_PREFIX or len(head) < 20:
+        return None
+    desc_len = _I32.unpack_from(head, 16)[0]
+    if not 0 <= desc_len <= MAX_DESC_LEN or 20 + desc_len > len(head):
+        return None
+    try:
+        code, dims = parse_tensor_desc(head[20 : 20 + desc_len])
+    except (FormatError, pb.DecodeError):
+        return None
+    data = 20 + desc_len
+    numel = 1
+    for d in dims:
+        numel *= d
+    nbytes = numel * ITEMSIZE[code]
+    if data + nbytes != blob.size:
+        return None  # cut, or more streams follow (save_combine)
+    dtype, disk = DTYPES[code]
+    span = Span(blob.path, data, nbytes, disk_dtype=disk)
+    return VarInfo("", dtype, dims, nbytes=nbytes, span=span, attrs={"lod": []})
+
+
 def parse_dense(r: Window, pos: int) -> Stream:
     """``SerializeToStream`` of a DenseTensor: version, LoD levels, tensor body."""
     if r.u32(pos) != 0:

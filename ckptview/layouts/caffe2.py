@@ -15,7 +15,6 @@ import posixpath
 import re
 import weakref
 
-from ..formats.minidb import sniff
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier
@@ -107,6 +106,12 @@ def _spread(items: list[str], n: int) -> list[str]:
     return [items[round(i * step)] for i in range(n)]
 
 
+def _minidb_sniff(head: bytes, size: int) -> bool:
+    from ..formats.minidb import sniff  # imported when a tree has candidate files
+
+    return sniff(head, size)
+
+
 def _sniff(tree: Tree, rel: str) -> bool:
     """Is ``rel`` a minidb file? Reads at most ``SNIFF_BYTES`` once per tree and file (the
     codec reads the file again: a small file must not be read whole twice)."""
@@ -115,7 +120,7 @@ def _sniff(tree: Tree, rel: str) -> bool:
         size = tree.size(rel)
         try:
             head = tree.storage.read_range(tree.abs(rel), 0, min(SNIFF_BYTES, size))
-            memo[rel] = sniff(head, size)
+            memo[rel] = _minidb_sniff(head, size)
         except (OSError, ValueError):
             memo[rel] = False
     return memo[rel]

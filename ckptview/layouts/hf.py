@@ -20,7 +20,6 @@ from typing import Any
 from ..formats.deepspeed_files import tag_refs
 from ..formats.hf_files import WEIGHT_EXTS, read_json, weight_refs
 from ..formats.torch_dcp_files import dcp_refs
-from ..formats.torch_pickle import open_torch
 from ..io import Blob
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
@@ -254,6 +253,8 @@ def plain(value: Any) -> Any:
 
 def load_torch_pickle(blob: Blob) -> Any:
     """The object of a torch file's pickle (storages stay unread references)."""
+    from ..formats.torch_pickle import open_torch  # the pickle machine: when a file is read
+
     return open_torch(blob, views_ok=True).obj
 
 

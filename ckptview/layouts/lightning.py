@@ -17,17 +17,18 @@ import io
 import math
 import posixpath
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..dtypes import np_dtype
-from ..formats.pickle import Record, StorageRef, TensorRef
-from ..formats.torch_pickle import ZipRecord, open_torch
 from ..io import Blob
 from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier
+
+if TYPE_CHECKING:
+    from ..formats.torch_pickle import ZipRecord
 
 LAST = re.compile(r"^last(?:-v(\d+))?\.ckpt$")
 STEP = re.compile(r"(?<![A-Za-z0-9_])step=(\d+)")
@@ -42,6 +43,8 @@ class TorchPeek:
     torch codec opens the file: :func:`ckptview.codecs.torch.open_torch`)."""
 
     def __init__(self, blob: Blob):
+        from ..formats.torch_pickle import open_torch  # the pickle machine: when a file is read
+
         self.blob = blob
         opened = open_torch(blob, views_ok=True)
         self.records: dict[str, ZipRecord] = opened.records  # storage key -> its bytes
@@ -54,6 +57,8 @@ class TorchPeek:
             return float(value)
         if isinstance(value, (int, float)):
             return float(value)
+        from ..formats.pickle import StorageRef, TensorRef
+
         if not isinstance(value, TensorRef) or value.numel != 1:
             return None
         storage = value.storage
@@ -318,4 +323,12 @@ def _yaml(text: str) -> dict | None:
         return out or None
 
 
-__all__ = ["LightningLayout", "Record", "TorchPeek"]
+__all__ = ["LightningLayout", "TorchPeek"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Record":  # re-exported, imported on use (the pickle machine is not cheap)
+        from ..formats.pickle import Record
+
+        return Record
+    raise AttributeError(name)

@@ -8,15 +8,17 @@ takes the largest id; an incomplete one could not be loaded).
 
 from __future__ import annotations
 
-import pickletools
 import posixpath
 import re
 import struct
+from typing import TYPE_CHECKING
 
-from ..formats.paddle_dcp_meta import DcpMetadata, metadata_hints, read_metadata
 from ..model import FileRef, Op, SerialInfo, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier
+
+if TYPE_CHECKING:
+    from ..formats.paddle_dcp_meta import DcpMetadata
 
 SHARD = re.compile(r"^(\d+)_(\d+)\.(distcp|safetensors)$")
 METADATA = re.compile(r"^(\d+)\.metadata$")
@@ -50,6 +52,8 @@ class PaddleDcpLayout(Layout):
         return TreeScan(serials, max(complete) if complete else None, latest_rule=True)
 
     def _serial(self, tree: Tree, uid: int, shards: list, meta_rel: str | None) -> SerialInfo:
+        from ..formats.paddle_dcp_meta import metadata_hints, read_metadata  # (pickle reader)
+
         meta: DcpMetadata | None = None
         error = None
         if meta_rel is None:
@@ -113,6 +117,8 @@ def rename_strings(data: bytes, names: dict[str, str]) -> bytes:
     The opcodes are only parsed (pickletools), never run; string opcodes are re-encoded (BINUNICODE)
     with their new length and FRAME opcodes dropped (frames are optional in protocol 4).
     """
+    import pickletools
+
     ops = list(pickletools.genops(data))
     out = bytearray()
     for i, (op, arg, pos) in enumerate(ops):

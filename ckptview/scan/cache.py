@@ -216,6 +216,6 @@ def listing_key(cache: HeaderCache, tree: Tree, ref: FileRef) -> CacheKey | None
     info = tree.entries.get(tree.rel(ref.path))
     if info is not None and ref.size is not None and info.get("size") != ref.size:
         return None
-    hints = repr(sorted((str(k), repr(v)) for k, v in (ref.hints or {}).items()))
+    hints = repr(sorted((str(k), repr(v)) for k, v in ref.hints.items())) if ref.hints else "[]"
     return cache.key("listing", tree.storage.url(ref.path), info, ref.codec or "", hints,
                      ref.optional)  # fmt: skip

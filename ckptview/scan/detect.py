@@ -41,16 +41,17 @@ def detect(tree: Tree, layout: str | None = None, label: str | os.PathLike | Non
     :class:`UnknownTreeError` (naming the tree as ``label``) when no layout recognizes it."""
     if layout is not None:
         return registry.get_layout(layout)
-    layouts = list(registry.layouts().values())
-    i = next((i for i, c in enumerate(layouts) if c.guess_can_open(tree)), None)
-    if i is None:
+    package = "ckptview.layouts"
+    first = next((c for c in registry.iter_ordered(package) if c.guess_can_open(tree)), None)
+    if first is None:
         raise UnknownTreeError(
             f"no layout recognizes {label if label is not None else tree.url()} "
-            f"({len(tree.entries)} entries); tried: {', '.join(c.name for c in layouts)}"
+            f"({len(tree.entries)} entries); tried: {', '.join(registry.names(package))}"
         )
-    first = layouts[i]
     if first.priority >= LayoutTier.FALLBACK or _explained(first, tree) * 2 >= _n_files(tree):
-        return first  # the common case: no other layout is asked
+        return first  # the common case: no other layout is asked (nor imported)
+    layouts = list(registry.iter_ordered(package))
+    i = next(i for i, c in enumerate(layouts) if c is first)
     rest = [c for c in layouts[i + 1 :] if c.priority < LayoutTier.FALLBACK]
     yes = [first, *(c for c in rest if c.guess_can_open(tree))]
     scores = [(_explained(c, tree), -j, c) for j, c in enumerate(yes)]

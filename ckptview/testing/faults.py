@@ -14,8 +14,7 @@ class FaultyFS:
     ``crash`` every later one too (the process is gone: nothing can be cleaned up). A failing
     write leaves half its bytes behind. ``calls`` counts the mutating calls made."""
 
-    MUTATING = ("mv", "rm_file", "rmdir", "makedirs", "mkdir", "rm", "pipe_file", "cp_file",
-                "link")
+    MUTATING = ("mv", "rm_file", "rmdir", "makedirs", "mkdir", "rm", "pipe_file", "cp_file", "link")
 
     def __init__(self, fs: Any, fail_at: int | None = None, crash: bool = True):
         self._fs = fs

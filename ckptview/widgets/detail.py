@@ -82,7 +82,8 @@ class VariableDetail(pn.viewable.Viewer):
         err = r["error"] if isinstance(r["error"], str) and r["error"] else None
         self.info.object = "\n\n".join(
             [
-                f"#### {md_code(self.variable)}" + (f" on {md_code(self.node)}" if self.node else ""),
+                f"#### {md_code(self.variable)}"
+                + (f" on {md_code(self.node)}" if self.node else ""),
                 f"serial **{self.serial}** · kind **{md_text(r['kind'])}** · "
                 f"dtype **{md_text(r['dtype'])}** · shape **{fmt_shape(r['shape'])}** · "
                 f"{int(r['numel']):,} values · {human_bytes(int(r['nbytes']))}",

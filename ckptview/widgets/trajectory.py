@@ -68,8 +68,12 @@ class TrajectoryPlot(pn.viewable.Viewer):
 
     def __panel__(self):
         controls = form_row(
-            pn.widgets.MultiChoice.from_param(self.param.names, label="variables", width=520,
-                                              css_classes=["ckptview-trajectory-names"]),
+            pn.widgets.MultiChoice.from_param(
+                self.param.names,
+                label="variables",
+                width=520,
+                css_classes=["ckptview-trajectory-names"],
+            ),
             pn.widgets.Select.from_param(self.param.stat, label="statistic", width=140),
         )
         return pn.Column(controls, self.message, self.plot, sizing_mode="stretch_width")
