@@ -298,6 +298,11 @@ class _Context:
         return var
 
 
+#: the last object graph decoded and its names (read only): the serials of one run, listed
+#: one after another, hold the same graph bytes
+_LAST_GRAPH: tuple[bytes, dict[str, dict]] = (b"", {})
+
+
 def _add_object_graph(storage: Storage, variables: list[VarInfo]) -> None:
     """Readable names (``attrs["full_name"]``) and slot facts from the object graph."""
     graph = next((v for v in variables if v.name == OBJECT_GRAPH_KEY and not v.error), None)
@@ -305,8 +310,15 @@ def _add_object_graph(storage: Storage, variables: list[VarInfo]) -> None:
         return
     if graph.locator.span.length > OBJECT_GRAPH_LIMIT:
         return
+    global _LAST_GRAPH
     try:
-        names = object_graph_names(bytes(read_strings(storage, graph.locator.span, ()).item()))
+        data = bytes(read_strings(storage, graph.locator.span, ()).item())
+        last = _LAST_GRAPH
+        if data == last[0]:
+            names = last[1]
+        else:
+            names = object_graph_names(data)
+            _LAST_GRAPH = (data, names)
     except (pb.DecodeError, FormatError) as e:
         graph.attrs["error"] = str(e)
         return
