@@ -226,3 +226,47 @@ def test_object_graph_fast_matches_general():
                 continue  # declined: the general decoder decides
             assert got == tf_bundle.object_graph_names_general(bad)
     assert named > 100  # not vacuous: the real graphs name their variables
+
+
+# -- torch: tensor_var's views (its 1-D shortcut and the general contiguity test) -------------
+@pytest.mark.parametrize(
+    ("size", "stride", "offset", "expect"),
+    [
+        ((6,), (1,), 0, ("C", 0)),  # the common case
+        ((1,), (7,), 2, ("C", 8)),  # one element: any stride
+        ((3,), (2,), 0, "strided"),
+        ((0,), (5,), 0, "strided"),  # empty: no bounds check; stride 5 is not C order
+        ((2, 3), (3, 1), 0, ("C", 0)),
+        ((3, 2), (1, 3), 0, ("F", 0)),  # a transposed view
+        ((2, 2), (4, 1), 0, "strided"),  # every other row... fits 8 of 12 elements
+        ((1, 4), (9, 1), 4, ("C", 16)),
+        ((4,), (1,), 9, "beyond"),  # reaches element 12 of 12
+        ((2, 3), (3, 1), 7, "beyond"),
+        ((3,), (-1,), 2, "invalid"),
+        ((2,), (1, 1), 0, "invalid"),
+    ],
+)
+def test_tensor_var_views(size, stride, offset, expect):
+    from ckptview.formats.pickle import StorageRef, TensorRef
+    from ckptview.formats.pickle_vars import tensor_var
+    from ckptview.formats.torch_pickle import ZipRecord
+
+    storage = StorageRef("0", "float32", 12)
+    var = tensor_var(
+        "t", TensorRef(storage, offset, size, stride, "float32"), ZipRecord(64, 48), "f"
+    )
+    n = 1
+    for d in size:
+        n *= d
+    assert var.nbytes == 4 * n
+    if expect == "strided":
+        assert var.span is None and not var.error
+        assert var.locator == ("strided", 64, offset, size, stride, False)
+    elif expect == "beyond":
+        assert "beyond storage" in var.error
+    elif expect == "invalid":
+        assert "invalid stride" in var.error
+    else:
+        order, at = expect
+        assert not var.error and var.locator is None
+        assert (var.span.order, var.span.offset, var.span.length) == (order, 64 + at, 4 * n)
