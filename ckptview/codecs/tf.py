@@ -299,8 +299,9 @@ class _Context:
 
 
 #: the last object graph decoded and its names (read only): the serials of one run, listed
-#: one after another, hold the same graph bytes
+#: one after another, hold the same graph bytes (kept only for graphs up to this size)
 _LAST_GRAPH: tuple[bytes, dict[str, dict]] = (b"", {})
+GRAPH_MEMO_LIMIT = 1 << 20
 
 
 def _add_object_graph(storage: Storage, variables: list[VarInfo]) -> None:
@@ -318,7 +319,8 @@ def _add_object_graph(storage: Storage, variables: list[VarInfo]) -> None:
             names = last[1]
         else:
             names = object_graph_names(data)
-            _LAST_GRAPH = (data, names)
+            if len(data) <= GRAPH_MEMO_LIMIT:
+                _LAST_GRAPH = (data, names)
     except (pb.DecodeError, FormatError) as e:
         graph.attrs["error"] = str(e)
         return
