@@ -10,6 +10,8 @@ from __future__ import annotations
 import posixpath
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
+from math import prod
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from ..formats.tf_bundle import (
     decode_header,
     decode_slice_key,
     object_graph_names,
+    plain_entry,
     read_strings,
 )
 from ..io import Blob, Storage
@@ -75,6 +78,7 @@ def _read(storage: Storage, var: VarInfo) -> np.ndarray:
 # -- the codec -----------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=1 << 16)  # keys repeat across serials
 def tf_kind(key: str, slot: bool = False) -> str:
     """Kind of a bundle key (object paths, TF1 names and Keras 3's optimizer-held weights)."""
     path = key.split("/.ATTRIBUTES/")[0]
@@ -122,34 +126,47 @@ class TFBundleCodec(Codec):
         hints = TFHints.of(hints)
         table = TableFile(blob)
         num_shards, big_endian = 1, False
-        entries: list[tuple[str, BundleEntry | Exception]] = []
+        # in key order: (name, PlainEntry) from the fast decoder, else (name, BundleEntry or
+        # the error decode_entry raised)
+        entries: list[tuple[str, tuple | BundleEntry | Exception]] = []
         slices: dict[tuple[str, tuple], BundleEntry] = {}
-        for key, value in table.entries():
-            if key == b"":
-                num_shards, big_endian = decode_header(value)
-                continue
-            if key[:1] == b"\x00":
-                slices[decode_slice_key(key)] = decode_entry(value)
-                continue
-            name = key.decode("utf-8", "replace")
-            try:
-                entries.append((name, decode_entry(value)))
-            except (pb.DecodeError, FormatError) as e:
-                entries.append((name, e))
+        shapes: dict[bytes, tuple[int, ...]] = {}
+        for block, spans in table.blocks():
+            view = memoryview(block)
+            for key, start, end in spans:
+                if not key:
+                    num_shards, big_endian = decode_header(view[start:end])
+                    continue
+                if key[0] == 0:
+                    slices[decode_slice_key(key)] = decode_entry(view[start:end])
+                    continue
+                name = key.decode("utf-8", "replace")
+                plain = plain_entry(block, start, end, shapes)
+                if plain is not None:
+                    entries.append((name, plain))
+                    continue
+                try:
+                    entries.append((name, decode_entry(view[start:end])))
+                except (pb.DecodeError, FormatError) as e:
+                    entries.append((name, e))
         if num_shards < 1:
             raise FormatError(f"bundle header claims {num_shards} shards")
         ctx = _Context(blob, hints, num_shards, big_endian)
         out = []
         for name, entry in entries:
-            if isinstance(entry, Exception):
+            if type(entry) is tuple:
+                out.append(ctx.var(name, *entry))
+            elif isinstance(entry, Exception):
                 out.append(VarInfo(name, "object", (), error=f"bad entry: {entry}"))
             elif entry.slices:
                 out.append(ctx.sliced(name, entry, slices))
             else:
-                out.append(ctx.var(name, entry))
+                out.append(ctx.entry_var(name, entry))
         used = ctx.used_slices
         out += [
-            ctx.var(f"{n}/.slice{list(e)}", s) for (n, e), s in slices.items() if (n, e) not in used
+            ctx.entry_var(f"{n}/.slice{list(e)}", s)
+            for (n, e), s in slices.items()
+            if (n, e) not in used
         ]
         if hints.object_graph:
             _add_object_graph(blob.storage, out)
@@ -174,6 +191,7 @@ class _Context:
         self.num_shards = num_shards
         self.big_endian = big_endian
         self.used_slices: set = set()
+        self.shards: dict[int, tuple[str, int | None]] = {}  # shard id -> (path, size)
 
     def data_size(self, path: str) -> int | None:
         if path not in self.sizes:
@@ -183,48 +201,66 @@ class _Context:
                 self.sizes[path] = None
         return self.sizes[path]
 
-    def var(self, name: str, entry: BundleEntry) -> VarInfo:
-        dtype, tf_name = TF_DTYPES.get(entry.dtype, ("object", f"DT_{entry.dtype}"))
-        attrs = {"tf_dtype": tf_name or dtype, "shard": entry.shard_id}
-        if entry.crc32c is not None:
-            attrs["crc32c"] = entry.crc32c
-        var = VarInfo(name, dtype, entry.shape, nbytes=max(entry.size, 0), attrs=attrs)
-        var.kind = tf_kind(name)
-        var.error = self._check(var, entry)
-        if var.error:
-            return var
-        span = Span(
-            data_path(self.blob.path, entry.shard_id, self.num_shards), entry.offset, entry.size
+    def shard(self, shard_id: int) -> tuple[str, int | None]:
+        """(path, size or None when missing) of a data shard."""
+        found = self.shards.get(shard_id)
+        if found is None:
+            path = data_path(self.blob.path, shard_id, self.num_shards)
+            found = self.shards[shard_id] = (path, self.data_size(path))
+        return found
+
+    def entry_var(self, name: str, entry: BundleEntry) -> VarInfo:
+        return self.var(
+            name, entry.dtype, entry.shape, entry.shard_id, entry.offset, entry.size, entry.crc32c
         )
-        if entry.dtype == DT_STRING:
+
+    def var(
+        self, name: str, dtype_enum: int, shape: tuple[int, ...], shard_id: int, offset: int,
+        size: int, crc: int | None,
+    ) -> VarInfo:  # fmt: skip
+        known = TF_DTYPES.get(dtype_enum)
+        dtype, tf_name = known or ("object", f"DT_{dtype_enum}")
+        attrs = {"tf_dtype": tf_name or dtype, "shard": shard_id}
+        if crc is not None:
+            attrs["crc32c"] = crc
+        var = VarInfo(name, dtype, shape, size if size > 0 else 0, tf_kind(name), None, None,
+                      None, attrs)  # fmt: skip
+        # the checks, in order; the first that fails is the variable's error
+        if known is None:
+            var.error = f"unsupported TF dtype enum {dtype_enum}"
+            return var
+        if not 0 <= shard_id < self.num_shards:
+            var.error = f"shard {shard_id} outside 0..{self.num_shards - 1}"
+            return var
+        if offset < 0 or size < 0:
+            var.error = "negative offset or size"
+            return var
+        path, file_size = self.shard(shard_id)
+        if file_size is None:
+            var.error = f"data file missing: {posixpath.basename(path)}"
+            return var
+        if offset + size > file_size:
+            var.error = (
+                f"entry claims bytes {offset}..{offset + size} "
+                f"but {posixpath.basename(path)} has {file_size}"
+            )
+            return var
+        if dtype != "object":
+            itemsize = np_dtype(dtype).itemsize
+            if size != prod(shape) * itemsize:
+                var.error = f"entry size {size} != {var.numel} x {dtype}"
+                return var
+        elif dtype_enum == DT_STRING and size < prod(shape) + 4:
+            var.error = f"entry size {size} too small for {var.numel} strings"
+            return var
+        span = Span(path, offset, size)
+        if dtype_enum == DT_STRING:
             var.locator = _Strings(span)
         elif dtype != "object":
-            if self.big_endian and np_dtype(dtype).itemsize > 1:
+            if self.big_endian and itemsize > 1:
                 span.disk_dtype = np_dtype(dtype).newbyteorder(">").str
             var.span = span
         return var
-
-    def _check(self, var: VarInfo, entry: BundleEntry) -> str | None:
-        if entry.dtype not in TF_DTYPES:
-            return f"unsupported TF dtype enum {entry.dtype}"
-        if not 0 <= entry.shard_id < self.num_shards:
-            return f"shard {entry.shard_id} outside 0..{self.num_shards - 1}"
-        if entry.offset < 0 or entry.size < 0:
-            return "negative offset or size"
-        path = data_path(self.blob.path, entry.shard_id, self.num_shards)
-        size = self.data_size(path)
-        if size is None:
-            return f"data file missing: {posixpath.basename(path)}"
-        if entry.offset + entry.size > size:
-            return (
-                f"entry claims bytes {entry.offset}..{entry.offset + entry.size} "
-                f"but {posixpath.basename(path)} has {size}"
-            )
-        if var.dtype != "object" and entry.size != var.numel * np_dtype(var.dtype).itemsize:
-            return f"entry size {entry.size} != {var.numel} x {var.dtype}"
-        if entry.dtype == DT_STRING and entry.size < var.numel + 4:
-            return f"entry size {entry.size} too small for {var.numel} strings"
-        return None
 
     def sliced(self, name: str, entry: BundleEntry, slices: dict) -> VarInfo:
         dtype, tf_name = TF_DTYPES.get(entry.dtype, ("object", f"DT_{entry.dtype}"))
@@ -247,7 +283,7 @@ class _Context:
             if piece.shape != tuple(lengths):
                 var.error = f"slice {list(extents)} stored as shape {piece.shape}"
                 return var
-            info = self.var(name, piece)
+            info = self.entry_var(name, piece)
             if info.error:
                 var.error = f"slice {list(extents)}: {info.error}"
                 return var
@@ -262,6 +298,12 @@ class _Context:
         return var
 
 
+#: the last object graph decoded and its names (read only): the serials of one run, listed
+#: one after another, hold the same graph bytes (kept only for graphs up to this size)
+_LAST_GRAPH: tuple[bytes, dict[str, dict]] = (b"", {})
+GRAPH_MEMO_LIMIT = 1 << 20
+
+
 def _add_object_graph(storage: Storage, variables: list[VarInfo]) -> None:
     """Readable names (``attrs["full_name"]``) and slot facts from the object graph."""
     graph = next((v for v in variables if v.name == OBJECT_GRAPH_KEY and not v.error), None)
@@ -269,8 +311,16 @@ def _add_object_graph(storage: Storage, variables: list[VarInfo]) -> None:
         return
     if graph.locator.span.length > OBJECT_GRAPH_LIMIT:
         return
+    global _LAST_GRAPH
     try:
-        names = object_graph_names(bytes(read_strings(storage, graph.locator.span, ()).item()))
+        data = bytes(read_strings(storage, graph.locator.span, ()).item())
+        last = _LAST_GRAPH
+        if data == last[0]:
+            names = last[1]
+        else:
+            names = object_graph_names(data)
+            if len(data) <= GRAPH_MEMO_LIMIT:
+                _LAST_GRAPH = (data, names)
     except (pb.DecodeError, FormatError) as e:
         graph.attrs["error"] = str(e)
         return

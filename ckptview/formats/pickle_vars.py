@@ -53,7 +53,11 @@ def tensor_var(name: str, t: TensorRef, record: ZipRecord | tuple[int, int] | No
     except TypeError:
         var.error = f"dtype {t.dtype} is not supported"
         return var
-    var.nbytes = var.numel * dt.itemsize
+    size, stride, offset = t.size, t.stride, t.storage_offset
+    numel = 1
+    for n in size:
+        numel *= int(n)
+    var.nbytes = numel * dt.itemsize
     st = t.storage
     if st is None:
         var.error = "tensor without storage (meta tensor)"
@@ -69,25 +73,31 @@ def tensor_var(name: str, t: TensorRef, record: ZipRecord | tuple[int, int] | No
     if rec_size < storage_bytes:
         var.error = f"storage {st.key} holds {rec_size} bytes, needs {storage_bytes}"
         return var
-    if len(t.stride) != len(t.size) or min(t.stride, default=0) < 0 or t.storage_offset < 0:
+    if len(stride) != len(size) or min(stride, default=0) < 0 or offset < 0:
         var.error = "tensor with an invalid stride or offset"
         return var
-    if var.numel:
-        last = t.storage_offset + sum((n - 1) * s for n, s in zip(t.size, t.stride, strict=True))
+    if numel:
+        if len(size) == 1:
+            last = offset + (size[0] - 1) * stride[0]
+        else:
+            last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
         if (last + 1) * dt.itemsize > storage_bytes:
             var.error = f"view reaches element {last} beyond storage {st.key}"
             return var
-    start = rec_offset + t.storage_offset * dt.itemsize
-    disk = _disk_dtype(t.dtype, big_endian)
-    native = disk is not None or not big_endian
-    for order in ("C", "F"):
-        if native and _contiguous(t.size, t.stride, order):
-            var.span = Span(path, start, var.nbytes, order=order, disk_dtype=disk)
+    start = rec_offset + offset * dt.itemsize
+    disk = _disk_dtype(t.dtype, big_endian) if big_endian else None
+    if disk is not None or not big_endian:  # values in native order, or read as disk_dtype
+        if len(size) == 1 and (size[0] == 1 or stride[0] == 1):  # the common case: C order
+            order = "C"
+        else:
+            order = next((o for o in ("C", "F") if _contiguous(size, stride, o)), None)
+        if order is not None:
+            var.span = Span(path, start, var.nbytes, order, disk)
             if record.entry is not None:
                 var.locator = ("check", record)
             return var
     where = record if record.entry is not None else rec_offset
-    var.locator = ("strided", where, t.storage_offset, t.size, t.stride, big_endian)
+    var.locator = ("strided", where, offset, size, stride, big_endian)
     return var
 
 

@@ -3,7 +3,8 @@
 A table is data blocks of prefix-compressed ``(key, value)`` entries, an index block naming
 each data block's handle, and a 48-byte footer (the index block's handle and a magic number).
 Every block ends with a 5-byte trailer: its compression (none or snappy) and a masked crc32c,
-verified for tables up to ``CRC_VERIFY_LIMIT`` (crc32c in pure Python). A table up to
+verified for tables up to ``CRC_VERIFY_LIMIT`` (as TF's ``ReadBlock`` does for every block;
+crc32c in numpy, :mod:`.crc32c`). A table up to
 ``WHOLE_FILE_LIMIT`` is read in one request; a larger one block by block. No offset or length
 is trusted: each is checked against the file's size (or its block) before anything is read.
 
@@ -20,12 +21,13 @@ from collections.abc import Iterator
 
 from ..io import Blob
 from . import protobuf as pb
+from .crc32c import crc32c
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48
 BLOCK_TRAILER = 5
 WHOLE_FILE_LIMIT = 16 << 20  # smaller indexes are read in one request
-CRC_VERIFY_LIMIT = 4 << 20  # pure-Python crc32c: verify blocks of indexes up to this size
+CRC_VERIFY_LIMIT = 4 << 20  # verify the blocks of indexes up to this size
 MAX_KEY = 1 << 16  # TF bundle keys are tensor names
 KEY_BYTES_PER_BYTE = 64  # the key bytes a table may spell per byte of file (plus 1 MiB)
 
@@ -35,27 +37,6 @@ class FormatError(ValueError):
 
 
 # -- crc32c (Castagnoli), masked as LevelDB/TF store it ------------------------------------
-def _crc_table() -> list[int]:
-    table = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_CRC_TABLE = _crc_table()
-
-
-def crc32c(data: bytes, crc: int = 0) -> int:
-    crc ^= 0xFFFFFFFF
-    table = _CRC_TABLE
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
 def unmask_crc(masked: int) -> int:
     rot = (masked - 0xA282EAD8) & 0xFFFFFFFF
     return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
@@ -68,12 +49,67 @@ def handle(buf: bytes | memoryview, pos: int) -> tuple[int, int, int]:
     return offset, size, pos
 
 
+def block_spans(block: bytes, budget: list[int] | None = None) -> list[tuple[bytes, int, int]]:
+    """(key, value start, value end) of each entry of one table block: prefix-compressed keys,
+    the restart array at the end; the values are ``block[start:end]`` (not copied).
+
+    ``budget`` (a one-item list) counts down the key bytes this walk may still spell."""
+    if type(block) is not bytes:
+        block = bytes(block)
+    n = len(block)
+    if n < 4:
+        raise FormatError("block shorter than its restart count")
+    (num_restarts,) = struct.unpack_from("<I", block, n - 4)
+    limit = n - 4 - 4 * num_restarts
+    if num_restarts == 0 or limit < 0:
+        raise FormatError(f"block claims {num_restarts} restart points in {n} bytes")
+    max_key = min(MAX_KEY, n)
+    left = budget[0] if budget is not None else -1
+    read_varint = pb.read_varint
+    out = []
+    pos, key = 0, b""
+    try:
+        while pos < limit:
+            shared = block[pos]  # three varints, nearly always one byte each
+            if shared < 0x80:
+                pos += 1
+            else:
+                shared, pos = read_varint(block, pos)
+            non_shared = block[pos]
+            if non_shared < 0x80:
+                pos += 1
+            else:
+                non_shared, pos = read_varint(block, pos)
+            value_len = block[pos]
+            if value_len < 0x80:
+                pos += 1
+            else:
+                value_len, pos = read_varint(block, pos)
+            if shared > len(key) or non_shared + value_len > limit - pos:
+                raise FormatError("block entry runs past its block")
+            if shared + non_shared > max_key:
+                raise FormatError(f"block key of {shared + non_shared} bytes outgrows its block")
+            if budget is not None:
+                left -= shared + non_shared
+                if left < 0:
+                    raise FormatError("table keys total more than the file could name")
+            end = pos + non_shared
+            key = key[:shared] + block[pos:end] if shared else block[pos:end]
+            pos = end + value_len
+            out.append((key, end, pos))
+    except IndexError:  # a varint's first byte past the block
+        raise pb.DecodeError("truncated varint") from None
+    finally:
+        if budget is not None:
+            budget[0] = left
+    return out
+
+
 def block_entries(
     block: bytes, budget: list[int] | None = None
 ) -> Iterator[tuple[bytes, memoryview]]:
-    """(key, value) pairs of one table block (prefix-compressed keys, restart array at the end).
-
-    ``budget`` (a one-item list) counts down the key bytes this walk may still spell."""
+    """(key, value) pairs of one table block, one at a time (the lazy form of
+    :func:`block_spans`: the same checks, in the same order)."""
     n = len(block)
     if n < 4:
         raise FormatError("block shorter than its restart count")
@@ -133,6 +169,25 @@ class TableFile:
         raise FormatError(f"{self.blob.name}: unknown block compression {kind}")
 
     def entries(self) -> Iterator[tuple[bytes, memoryview]]:
+        """(key, value) of every entry, in order, one at a time."""
+        budget = self._budget()
+        for block in self._data_blocks(budget):
+            yield from block_entries(block, budget)
+
+    def blocks(self) -> Iterator[tuple[bytes, list[tuple[bytes, int, int]]]]:
+        """Each data block (its bytes) with its entries as :func:`block_spans`, in order: the
+        entries of :meth:`entries`, a block at a time (a bad entry fails its whole block)."""
+        budget = self._budget()
+        for block in self._data_blocks(budget):
+            if type(block) is not bytes:
+                block = bytes(block)
+            yield block, block_spans(block, budget)
+
+    def _budget(self) -> list[int]:
+        return [KEY_BYTES_PER_BYTE * self.size + (1 << 20)]
+
+    def _data_blocks(self, budget: list[int]) -> Iterator[bytes]:
+        """The data blocks named by the index block, each once, in order."""
         if self.size < FOOTER_SIZE:
             raise FormatError(f"{self.blob.name}: {self.size} bytes, a table needs {FOOTER_SIZE}")
         footer = self.read(self.size - FOOTER_SIZE, FOOTER_SIZE)
@@ -140,14 +195,13 @@ class TableFile:
             raise FormatError(f"{self.blob.name}: not a LevelDB table (bad footer magic)")
         _, _, pos = handle(footer, 0)  # metaindex: empty in bundles
         index_offset, index_size, _ = handle(footer, pos)
-        budget = [KEY_BYTES_PER_BYTE * self.size + (1 << 20)]
         seen: set[int] = set()
         for _sep, value in block_entries(self.block(index_offset, index_size), budget):
             offset, size, _ = handle(value, 0)
             if offset in seen:
                 raise FormatError(f"{self.blob.name}: the index names the block at {offset} twice")
             seen.add(offset)
-            yield from block_entries(self.block(offset, size), budget)
+            yield self.block(offset, size)
 
 
 def snappy(data: bytes) -> bytes:

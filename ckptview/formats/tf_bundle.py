@@ -163,6 +163,95 @@ def decode_entry(value) -> BundleEntry:
     )
 
 
+#: (dtype, shape, shard_id, offset, size, crc32c) of a BundleEntryProto without slices
+PlainEntry = tuple[int, tuple[int, ...], int, int, int, "int | None"]
+_SIGN = 1 << 63
+_WRAP = 1 << 64
+
+
+def _plain_shape(raw: bytes) -> tuple[int, ...] | None:
+    """The dims of a TensorShapeProto made only of ``dim { size: n }`` (n >= 0), else None."""
+    dims = []
+    pos, n = 0, len(raw)
+    read_varint = pb.read_varint
+    while pos < n:
+        if raw[pos] != 0x12:  # dim (field 2, LEN)
+            return None
+        length = raw[pos + 1]
+        pos += 2
+        stop = pos + length
+        if length >= 0x80 or stop > n:
+            return None
+        if length == 0:  # Dim {} : size 0
+            dims.append(0)
+            continue
+        if raw[pos] != 0x08:  # size (field 1, varint) only: no dim names
+            return None
+        size, pos = read_varint(raw, pos + 1)
+        if pos != stop or size >= _SIGN:  # an unknown (-1) dim: decode_entry says why
+            return None
+        dims.append(size)
+    return tuple(dims)
+
+
+def plain_entry(buf: bytes, pos: int, end: int, shapes: dict) -> PlainEntry | None:
+    """:func:`decode_entry` of the BundleEntryProto at ``buf[pos:end]``, fast, for entries as TF
+    writes them (fields 1–6 with their wire types, a shape of plain dims, no slices); None
+    for anything else (slices, other fields, a malformed or truncated message): then
+    :func:`decode_entry` decides. ``shapes`` memoises shape bytes -> dims (per table)."""
+    dtype = shard = offset = size = 0
+    shape: tuple[int, ...] = ()
+    crc = None
+    read_varint = pb.read_varint
+    try:
+        while pos < end:
+            tag = buf[pos]
+            pos += 1
+            if tag == 0x12:  # shape
+                length = buf[pos]
+                pos += 1
+                stop = pos + length
+                if length >= 0x80 or stop > end:
+                    return None
+                raw = buf[pos:stop]
+                dims = shapes.get(raw)
+                if dims is None:
+                    dims = _plain_shape(raw)
+                    if dims is None:
+                        return None
+                    shapes[raw] = dims
+                shape, pos = dims, stop
+            elif tag == 0x35:  # crc32c, fixed32
+                if pos + 4 > end:
+                    return None
+                crc = int.from_bytes(buf[pos : pos + 4], "little")
+                pos += 4
+            elif tag == 0x08 or tag == 0x18 or tag == 0x20 or tag == 0x28:
+                x = buf[pos]
+                if x < 0x80:
+                    pos += 1
+                else:
+                    x, pos = read_varint(buf, pos)
+                if tag == 0x08:
+                    dtype = x  # an enum: decode_entry keeps it unsigned
+                    continue
+                if x >= _SIGN:
+                    x -= _WRAP  # int32/int64: two's complement
+                if tag == 0x18:
+                    shard = x
+                elif tag == 0x20:
+                    offset = x
+                else:
+                    size = x
+            else:
+                return None
+    except (IndexError, pb.DecodeError):
+        return None
+    if pos != end:  # the last field ran past the entry
+        return None
+    return dtype, shape, shard, offset, size, crc
+
+
 def decode_header(value) -> tuple[int, bool]:
     """(num_shards, big_endian) from a BundleHeaderProto."""
     f = pb.decode(value)
@@ -170,7 +259,17 @@ def decode_header(value) -> tuple[int, bool]:
 
 
 def object_graph_names(graph: bytes) -> dict[str, dict]:
-    """checkpoint_key -> {full_name, slot_name?, original_key?} from a TrackableObjectGraph."""
+    """checkpoint_key -> {full_name, slot_name?, original_key?} from a TrackableObjectGraph:
+    one pass over the bytes (:func:`_object_graph_fast`) when the graph is as TF writes it,
+    else :func:`object_graph_names_general` (which also says what is wrong)."""
+    try:
+        return _object_graph_fast(graph)
+    except (ValueError, IndexError):  # pb.DecodeError is a ValueError
+        return object_graph_names_general(graph)
+
+
+def object_graph_names_general(graph: bytes) -> dict[str, dict]:
+    """:func:`object_graph_names` field by field with :func:`pb.decode` (any graph)."""
     nodes = [pb.decode(n) for n in pb.decode(graph).get(1, [])]
     keys: dict[int, str] = {}
     out: dict[str, dict] = {}
@@ -191,6 +290,128 @@ def object_graph_names(graph: bytes) -> dict[str, dict]:
                 original = keys.get(r.get(1, [-1])[-1])
                 if original:
                     out[slot_key]["original_key"] = original
+    return out
+
+
+def _skip(buf: bytes, pos: int, end: int, wire: int) -> int:
+    """The position after a field's value (``pos`` just after its tag) as :func:`pb.decode`
+    would step over it; ValueError where it would raise."""
+    if wire == 0:
+        _, pos = pb.read_varint(buf, pos)
+    elif wire == 2:
+        length, pos = pb.read_varint(buf, pos)
+        pos += length
+    elif wire == 1:
+        pos += 8
+    elif wire == 5:
+        pos += 4
+    else:
+        raise ValueError(wire)
+    if pos > end:
+        raise ValueError(pos)
+    return pos
+
+
+def _tag(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """(field number, wire type, position after the tag); ValueError for field 0."""
+    tag = buf[pos]
+    if tag < 0x80:
+        pos += 1
+    else:
+        tag, pos = pb.read_varint(buf, pos)
+    if tag < 8:
+        raise ValueError("field number 0")
+    return tag >> 3, tag & 7, pos
+
+
+def _len(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """(start, stop) of a LEN value whose length varint is at ``pos``."""
+    length = buf[pos]
+    if length < 0x80:
+        pos += 1
+    else:
+        length, pos = pb.read_varint(buf, pos)
+    if pos + length > end:
+        raise ValueError(length)
+    return pos, pos + length
+
+
+def _object_graph_fast(graph: bytes) -> dict[str, dict]:
+    """:func:`object_graph_names` in one pass over the bytes, for graphs made of the fields
+    with the wire types TF writes; ValueError (or IndexError) for anything else."""
+    buf = bytes(graph)
+    n = len(buf)
+    attrs: list[tuple[int, bytes, bytes, bytes]] = []  # (node, name, full_name, checkpoint_key)
+    slots: list[tuple[int, bytes, int]] = []  # (original node, slot name, slot node)
+    pos = node = 0
+    while pos < n:
+        field, wire, pos = _tag(buf, pos)
+        if field != 1 or wire != 2:  # nodes (TrackableObject) only
+            raise ValueError(field)
+        start, stop = _len(buf, pos, n)
+        pos = start
+        while pos < stop:  # a node: children, attributes, slot_variables, ...
+            field, wire, pos = _tag(buf, pos)
+            if field != 2 and field != 3:
+                pos = _skip(buf, pos, stop, wire)
+                continue
+            if wire != 2:
+                raise ValueError(wire)
+            a, b = _len(buf, pos, stop)
+            pos = b
+            if field == 2:  # SerializedTensor: name, full_name, checkpoint_key
+                strings = [b"", b"", b""]
+                while a < b:
+                    f, w, a = _tag(buf, a)
+                    if 1 <= f <= 3:
+                        if w != 2:
+                            raise ValueError(w)
+                        s, a = _len(buf, a, b)
+                        strings[f - 1] = buf[s:a]
+                    else:
+                        a = _skip(buf, a, b, w)
+                attrs.append((node, *strings))
+            else:  # SlotVariableReference: original node, slot name, slot node
+                original, slot_name, slot_node = -1, b"", -1
+                while a < b:
+                    f, w, a = _tag(buf, a)
+                    if f == 2:
+                        if w != 2:
+                            raise ValueError(w)
+                        s, a = _len(buf, a, b)
+                        slot_name = buf[s:a]
+                    elif f == 1 or f == 3:
+                        if w != 0:
+                            raise ValueError(w)
+                        x, a = pb.read_varint(buf, a)
+                        if a > b:
+                            raise ValueError(a)
+                        if f == 1:
+                            original = x
+                        else:
+                            slot_node = x
+                    else:
+                        a = _skip(buf, a, b, w)
+                slots.append((original, slot_name, slot_node))
+        if pos != stop:
+            raise ValueError(pos)
+        node += 1
+    keys: dict[int, str] = {}
+    out: dict[str, dict] = {}
+    for i, name, full_name, key in attrs:
+        if key:
+            text = key.decode("utf-8", "replace")
+            if name == b"VARIABLE_VALUE":
+                keys[i] = text
+            if text not in out:
+                out[text] = {"full_name": full_name.decode("utf-8", "replace")}
+    for original, slot_name, slot_node in slots:
+        slot_key = keys.get(slot_node)
+        if slot_key in out:
+            out[slot_key]["slot_name"] = slot_name.decode("utf-8", "replace")
+            original_key = keys.get(original)
+            if original_key:
+                out[slot_key]["original_key"] = original_key
     return out
 
 
