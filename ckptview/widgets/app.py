@@ -19,11 +19,13 @@ import param
 import ckptview as cv
 from ckptview.scan.isolated import IsolatedExecutor
 
-from ._base import Workspace, draw_later, in_background, notice
+from ._base import Workspace, draw_later, in_background, notice, set_notice
+from ._base import served as is_served
 from ._format import md_code, md_error, md_text
 from .browser import RunBrowser
 from .compare import CompareView
 from .guard import Guard
+from .loading import TreeLoad
 from .picker import TreePicker
 from .restore import RestoreView
 from .retention import RetentionView
@@ -230,18 +232,17 @@ def server_executor() -> IsolatedExecutor:
     return pn.state.as_cached("ckptview-isolated-executor", IsolatedExecutor)
 
 
+def tree_load(url: str, executor=None) -> TreeLoad:
+    """The server-wide background cataloguing of ``url``, started on first use (``executor``
+    lists its files: the server's :func:`server_executor`)."""
+    return pn.state.as_cached(f"ckptview-catalog:{url}", lambda: TreeLoad(url, executor))
+
+
 def shared_catalog(url: str, executor=None) -> cv.Catalog:
-    """One catalog per tree for the whole server: every browser session shares it (a big tree
-    is catalogued once; ``panel serve --warm`` does it before the first page is asked for).
-    ``executor`` lists its files (the server's :func:`server_executor`)."""
-
-    def load() -> cv.Catalog:
-        cat = cv.open(url, executor=executor)
-        cat.serials  # noqa: B018 - catalogue now, not in the first page's callbacks
-        cat.variables  # noqa: B018
-        return cat
-
-    return pn.state.as_cached(f"ckptview-catalog:{url}", load)
+    """One catalog per tree for the whole server, waiting for it: every browser session shares
+    it (a big tree is catalogued once; ``panel serve --warm`` does it before the first page is
+    asked for; without it the first page shows the progress, see :func:`build_app`)."""
+    return tree_load(url, executor).result()
 
 
 def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 5.0,
@@ -257,13 +258,16 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
     workspace = Workspace(guard=Guard(roots=list(urls), allow_write=allow_write),
                           executor=executor)  # fmt: skip
     problems = []
-    for url in urls:
-        try:
-            workspace.add(shared_catalog(url, executor))
-        except Exception as e:  # noqa: BLE001 - shown on the page
-            problems.append(notice(f"{md_code(url)}: {md_error(e)}", kind="danger"))
+    loads = [tree_load(url, executor) for url in urls]
+    served = is_served()
+    pending = [load for load in loads if served and not load.finished]
+    for load in loads:
+        if load not in pending:  # in a notebook or --warm: waited for
+            try:
+                workspace.add(load.result())
+            except Exception as e:  # noqa: BLE001 - shown on the page
+                problems.append(notice(f"{md_code(load.url)}: {md_error(e)}", kind="danger"))
     dashboard = Dashboard(workspace, poll_seconds=poll_seconds)
-    served = pn.state.curdoc is not None and pn.state.curdoc.session_context is not None
     if served:
         dashboard.start_polling()  # served: tied to this browser session
     if not urls:
@@ -275,9 +279,35 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
         main=[*problems, dashboard.tabs],
     )  # fmt: skip
     own_busy(page)
+    if pending:
+        follow_loads(pending, workspace, page)
     if served:
         pn.state.on_session_destroyed(release_on_end(page, dashboard))
     return page
+
+
+def follow_loads(pending: list[TreeLoad], workspace: Workspace, page) -> None:
+    """While trees are still being catalogued: their progress at the top of the page, each tree
+    joining the page when it is ready (or its error shown), then the progress goes."""
+    status = notice("", kind="info", css_classes=["ckptview-loading"])
+    page.main = [status, *page.main]
+
+    def check() -> None:
+        for load in [p for p in pending if p.finished]:
+            pending.remove(load)
+            if load.error is None:
+                workspace.add(load.catalog)
+            else:
+                page.main = [*page.main[:1], notice(f"{md_code(load.url)}: "
+                             f"{md_error(load.error)}", kind="danger"), *page.main[1:]]  # fmt: skip
+        if pending:
+            set_notice(status, "\n\n".join(p.describe() for p in pending), "info")
+        else:
+            callback.stop()
+            page.main = [o for o in page.main if o is not status]
+
+    callback = pn.state.add_periodic_callback(check, period=300)
+    check()
 
 
 def own_busy(page) -> None:
@@ -379,8 +409,9 @@ def poll_seconds(argv: list[str]) -> float:
 
 
 def settle(urls: list[str], executor=None) -> None:
-    """Catalogue the served trees, then move everything alive into the garbage collector's
-    permanent generation, once per server process.
+    """Catalogue the served trees (``--warm``: before the server takes its first page), then
+    move everything alive into the garbage collector's permanent generation, once per server
+    process.
 
     Panel runs a full ``gc.collect()`` after sessions end; it walked every object of the
     catalogs and of the imported libraries each time (~0.25 s on the demo tree, more on a
@@ -401,6 +432,7 @@ def settle(urls: list[str], executor=None) -> None:
 def serve(argv: list[str]):
     """Build the page from ``--args`` and mark it servable (the whole of the app script)."""
     urls, allow_write = parse_args(argv)
-    settle(urls, server_executor())
+    if not is_served():  # ``--warm``: catalogue now; else the first page shows the progress
+        settle(urls, server_executor())
     page = build_app(urls, allow_write=allow_write, poll_seconds=poll_seconds(argv), isolate=True)
     return page.servable(title="ckptview")
