@@ -1,16 +1,21 @@
-"""Load on the served dashboard: concurrent page GETs, concurrent browser sessions, and the
-server's memory across waves of sessions.
+"""Load on the served dashboard beside its peer (one Panel Tabulator of the same serials):
+server CPU per page, first rows alone and under concurrent sessions, and the server's memory
+across waves of sessions.
 
-    .venv/bin/python benchmarks/bench_load.py [--gets 200] [--sessions 20] [--waves 5]
+    .venv/bin/python benchmarks/bench_load.py [--gets 20] [--sessions 20] [--waves 3]
 
-The demo tree (``ckptview demo``) is served by ``panel serve app/ckptview_app.py --warm`` as
-``ckptview serve`` does. Measured in one run:
+The demo tree (``ckptview demo``) is served by ``python -m ckptview.widgets APP --warm`` (what
+``ckptview serve`` runs), once with the dashboard (``app/ckptview_app.py``) and once with the
+peer (``benchmarks/peer_table_app.py``). Measured for each, in one run:
 
-* ``--gets`` page GETs at once (threads): latency p50 / p95 / max;
-* ``--sessions`` Chromium pages opened at once (one browser, a context each): time until the
-  serials table shows its rows, p50 / p95 / max;
-* the server's RSS before any session, after each wave of ``--sessions`` sessions (all
-  closed), and once Bokeh has discarded the closed sessions: growth per discarded session.
+* ``--pages`` page loads one after another (a fresh browser context each, so nothing cached):
+  the server process's CPU seconds per page (everything it does for one visitor: the page,
+  its resources, the WebSocket session) and the time from navigation to the first serial row;
+* ``--gets`` page GETs at once (threads): latency p50 / p95;
+* ``--sessions`` Chromium pages opened at once, ``--waves`` times: time from navigation to the
+  first serial row, p50 / p95 (Chromium renders on the same 2 cores as the server);
+* the dashboard's RSS before any session, after each wave (all closed) once Bokeh discarded
+  the sessions: growth per discarded session.
 
 Prints a Markdown table (RESULTS.md § load).
 """
@@ -33,10 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from test_browser_app import Server  # noqa: E402
+from test_browser_app import APP, Server  # noqa: E402
 
 from ckptview.demo import write_demo  # noqa: E402
 
+PEER = ROOT / "benchmarks" / "peer_table_app.py"
 ROWS = ".ckptview-serials .tabulator-row"
 #: Bokeh discards a closed session after it has been unused this long (ms), checked this often
 LIFETIME = ["--unused-session-lifetime", "2000", "--check-unused-sessions", "1000"]
@@ -45,6 +51,11 @@ LIFETIME = ["--unused-session-lifetime", "2000", "--check-unused-sessions", "100
 def rss_mib(pid: int) -> float:
     proc = psutil.Process(pid)
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
+
+
+def cpu_s(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def pct(values: list[float], q: float) -> float:
@@ -63,67 +74,99 @@ def gets(url: str, n: int) -> list[float]:
         return list(pool.map(one, range(n)))
 
 
-async def sessions(url: str, n: int, browser) -> list[float]:
-    async def one() -> float:
-        context = await browser.new_context(viewport={"width": 1280, "height": 800})
-        try:
-            page = await context.new_page()
-            t = time.perf_counter()
-            await page.goto(url, timeout=600_000)
-            await page.wait_for_selector(ROWS, timeout=600_000)
-            return time.perf_counter() - t
-        finally:
-            await context.close()
-
-    return list(await asyncio.gather(*(one() for _ in range(n))))
-
-
-async def run(args) -> list[tuple[str, str]]:
-    from playwright.async_api import async_playwright
-
-    tree = Path(tempfile.mkdtemp(prefix="ckptview-load-")) / "demo"
-    write_demo(tree)
-    server = Server([str(tree)], extra=["--warm", *LIFETIME], timeout=600)
-    pid = server.proc.pid
-    out: list[tuple[str, str]] = []
+async def first_row(browser, url: str) -> float:
+    """Seconds from navigation to the first serial row, in a fresh context."""
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
     try:
+        page = await context.new_page()
+        t = time.perf_counter()
+        await page.goto(url, wait_until="commit", timeout=600_000)
+        await page.wait_for_selector(ROWS, timeout=600_000)
+        seconds = time.perf_counter() - t
+        await page.wait_for_load_state("load", timeout=600_000)
+        await page.wait_for_timeout(1500)  # what the page does after its rows (late parts)
+        return seconds
+    finally:
+        await context.close()
+
+
+async def measure(app: Path, tree: Path, args, browser) -> dict:
+    server = Server([str(tree)], extra=["--warm", *LIFETIME], app_args=["--poll", "0"],
+                    timeout=600, app=app)  # fmt: skip
+    pid = server.proc.pid
+    out: dict = {}
+    try:
+        await first_row(browser, server.url)  # the first visitor: resources compressed, caches
         base = rss_mib(pid)
-        out.append(("server RSS at start", f"{base:.0f} MiB"))
-        lat = gets(server.url, args.gets)
-        out.append((f"{args.gets} concurrent GETs: p50 / p95 / max",
-                    f"{statistics.median(lat):.2f} / {pct(lat, .95):.2f} / {max(lat):.2f} s"))  # fmt: skip
-        await asyncio.sleep(4)  # let the GETs' sessions be discarded
-        async with async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            loads: list[float] = []
-            after = []
-            for _ in range(args.waves):
-                loads += await sessions(server.url, args.sessions, browser)
-                await asyncio.sleep(4)  # closed sessions discarded (LIFETIME)
-                after.append(rss_mib(pid))
-            await browser.close()
-        out.append((f"{args.sessions} concurrent sessions, first rows: p50 / p95 / max",
-                    f"{statistics.median(loads):.2f} / {pct(loads, .95):.2f} / "
-                    f"{max(loads):.2f} s ({len(loads)} loads)"))  # fmt: skip
-        out.append(("server RSS after each wave (sessions closed)",
-                    " → ".join(f"{m:.0f}" for m in after) + " MiB"))  # fmt: skip
-        per = (after[-1] - after[0]) / max(1, (args.waves - 1) * args.sessions)
-        out.append(("growth per discarded session (waves 2..n)", f"{per * 1024:.0f} KiB"))
+        c0 = cpu_s(pid)
+        alone = [await first_row(browser, server.url) for _ in range(args.pages)]
+        out["cpu"] = (cpu_s(pid) - c0) / args.pages
+        out["alone"] = alone
+        await asyncio.sleep(4)
+        out["gets"] = await asyncio.to_thread(gets, server.url, args.gets)
+        await asyncio.sleep(4)  # the GETs' sessions discarded
+        loads: list[float] = []
+        after = [rss_mib(pid)]
+        for _ in range(args.waves):
+            loads += await asyncio.gather(*(first_row(browser, server.url)
+                                            for _ in range(args.sessions)))  # fmt: skip
+            await asyncio.sleep(4)  # closed sessions discarded (LIFETIME)
+            after.append(rss_mib(pid))
+        out["sessions"] = loads
+        out["rss"] = [base, *after]
     finally:
         server.stop()
     return out
 
 
+def row(name: str, r: dict, args) -> list[str]:
+    g, s, a = r["gets"], r["sessions"], r["alone"]
+    waves = r["rss"][2:]  # after each wave (the first: sessions' one-time costs)
+    per = ((waves[-1] - waves[0]) / ((len(waves) - 1) * args.sessions) * 1024
+           if len(waves) > 1 else float("nan"))  # fmt: skip
+    return [name, f"{r['cpu']:.2f}", f"{statistics.median(a):.2f}",
+            f"{statistics.median(g):.2f} / {pct(g, .95):.2f}",
+            f"{statistics.median(s):.2f} / {pct(s, .95):.2f} ({len(s)})",
+            " → ".join(f"{m:.0f}" for m in r["rss"]), f"{per:.0f}"]  # fmt: skip
+
+
+async def run(args) -> None:
+    from playwright.async_api import async_playwright
+
+    tree = Path(tempfile.mkdtemp(prefix="ckptview-load-")) / "demo"
+    write_demo(tree)
+    results = {}
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for name, app in (("ckptview", APP), ("one Tabulator (peer)", PEER)):
+                results[name] = await measure(app, tree, args, browser)
+        finally:
+            await browser.close()
+    print(f"\n{args.pages} pages one after another; {args.gets} GETs at once; "
+          f"{args.waves} waves of {args.sessions} browser sessions at once\n")
+    print("| app | server CPU per page (s) | first row, alone, median (s) "
+          f"| {args.gets} GETs at once: p50 / p95 (s) "
+          f"| {args.sessions} sessions at once, first row: p50 / p95 (s) (loads) "
+          "| server RSS: start → before the waves → after each (MiB) "
+          "| growth per discarded session, waves 2..n (KiB) |")
+    print("|---|---:|---:|---:|---:|---|---:|")
+    for name, r in results.items():
+        print("| " + " | ".join(row(name, r, args)) + " |")
+    ours, peer = results["ckptview"], results["one Tabulator (peer)"]
+    print(f"\nratios to the peer: CPU per page {ours['cpu'] / peer['cpu']:.2f}×, first row alone "
+          f"{statistics.median(ours['alone']) / statistics.median(peer['alone']):.2f}×, "
+          f"p95 under {args.sessions} sessions "
+          f"{pct(ours['sessions'], .95) / pct(peer['sessions'], .95):.2f}×")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--gets", type=int, default=200)
+    p.add_argument("--pages", type=int, default=5)
+    p.add_argument("--gets", type=int, default=20)
     p.add_argument("--sessions", type=int, default=20)
-    p.add_argument("--waves", type=int, default=5)
-    args = p.parse_args(argv)
-    rows = asyncio.run(run(args))
-    print("| measure | value |\n|---|---|")
-    for k, v in rows:
-        print(f"| {k} | {v} |")
+    p.add_argument("--waves", type=int, default=3)
+    asyncio.run(run(p.parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -55,11 +55,12 @@ class Server:
 
     def __init__(self, urls: list[str], allow_write: bool = False, extra: list[str] = (),
                  app_args: list[str] = (), timeout: float = 120,
-                 hardened: bool = True, env: dict | None = None):  # fmt: skip
+                 hardened: bool = True, env: dict | None = None,
+                 app: Path = APP):  # fmt: skip
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/{APP.stem}"
+        self.url = f"http://127.0.0.1:{self.port}/{app.stem}"
         serve = ["ckptview.widgets"] if hardened else ["panel", "serve"]
-        cmd = [sys.executable, "-m", *serve, str(APP), "--port", str(self.port),
+        cmd = [sys.executable, "-m", *serve, str(app), "--port", str(self.port),
                "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{self.port}",
                *extra, "--args", *urls, *(["--allow-write"] if allow_write else []),
                *app_args]  # fmt: skip
