@@ -22,26 +22,34 @@ from ckptview.widgets.app import build_app
 WAIT = 60_000
 
 
+def serve_held(roots, monkeypatch, releases):
+    """Serve ``build_app(roots)``; the cataloguing of ``roots[i]`` reports 3 of 10 files, then
+    waits for ``releases[i]``."""
+    real = loading.open_catalog
+    hold = {str(r): e for r, e in zip(roots, releases)}
+
+    def slow(url, executor=None, progress=None):
+        progress(3, 10)
+        assert hold[url].wait(120)
+        return real(url, executor, progress)
+
+    monkeypatch.setattr(loading, "open_catalog", slow)
+    port = free_port()
+    server = pn.serve({"app": lambda: build_app([str(r) for r in roots], poll_seconds=0)},
+                      port=port, address="127.0.0.1", threaded=True, show=False,
+                      websocket_origin=[f"127.0.0.1:{port}"])  # fmt: skip
+    time.sleep(0.5)
+    return server, f"http://127.0.0.1:{port}/app"
+
+
 @pytest.fixture
 def held(tmp_path, monkeypatch):
     """A demo tree whose cataloguing reports 3 of 10 files, then waits for ``release``."""
     root = write_demo(tmp_path / "demo", serials=6).root
     release = threading.Event()
-    real = loading.open_catalog
-
-    def slow(url, executor=None, progress=None):
-        progress(3, 10)
-        assert release.wait(120)
-        return real(url, executor, progress)
-
-    monkeypatch.setattr(loading, "open_catalog", slow)
-    port = free_port()
-    server = pn.serve({"app": lambda: build_app([str(root)], poll_seconds=0)}, port=port,
-                      address="127.0.0.1", threaded=True, show=False,
-                      websocket_origin=[f"127.0.0.1:{port}"])  # fmt: skip
-    time.sleep(0.5)
+    server, url = serve_held([root], monkeypatch, [release])
     try:
-        yield f"http://127.0.0.1:{port}/app", root, release
+        yield url, root, release
     finally:
         release.set()
         server.stop()
@@ -57,3 +65,28 @@ def test_a_page_shows_the_progress_then_the_rows(page: Page, held):
     release.set()
     expect(page.locator(".ckptview-serials .tabulator-row")).to_have_count(6, timeout=WAIT)
     expect(status).to_have_count(0)  # the progress goes once the tree is in
+
+
+def test_trees_join_in_the_order_given_and_the_first_stays_shown(page: Page, tmp_path,
+                                                                  monkeypatch):  # fmt: skip
+    """The second tree ready first waits for the first; the page shows the first tree."""
+    first = write_demo(tmp_path / "first", serials=4).root
+    second = write_demo(tmp_path / "second", serials=7).root
+    releases = [threading.Event(), threading.Event()]
+    server, url = serve_held([first, second], monkeypatch, releases)
+    try:
+        page.goto(url)
+        status = page.locator(".ckptview-loading")
+        expect(status).to_contain_text(str(second), timeout=WAIT)
+        releases[1].set()  # the second is ready: not shown before the first
+        page.wait_for_timeout(1500)
+        expect(page.locator(".ckptview-serials .tabulator-row")).to_have_count(0)
+        releases[0].set()
+        expect(page.locator(".ckptview-serials .tabulator-row")).to_have_count(4, timeout=WAIT)
+        expect(page.locator(".ckptview-summary")).to_contain_text(str(first))
+        expect(status).to_have_count(0)
+        expect(page.locator(".ckptview-run-select")).to_contain_text("second")
+    finally:
+        for r in releases:
+            r.set()
+        server.stop()

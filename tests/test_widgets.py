@@ -113,11 +113,14 @@ def test_variable_filters_and_totals(cat):
     vt.nodes, vt.dtypes = [], ["int64"]
     assert len(vt.table.value) == (v["dtype"] == "int64").sum()
     vt.dtypes = []
-    by_kind = vt.by_kind.value.set_index("kind")
+    by_kind = vt.kind_totals.set_index("kind")
     for kind, nbytes in v.groupby("kind")["nbytes"].sum().items():
         assert by_kind.loc[kind, "nbytes"] == nbytes
-    by_node = vt.by_node.value.set_index("node")
+        assert by_kind.loc[kind, "size"] == human_bytes(nbytes)
+    by_node = vt.node_totals.set_index("node")
     assert by_node.loc["(shared)", "count"] == (v["node"] == "").sum()
+    shown = vt.by_kind.object  # what the page shows: name, count, readable size
+    assert list(shown.columns) == ["kind", "count", "size"] and len(shown) == len(by_kind)
 
 
 def test_variable_detail_stats_and_histogram(cat, demo):

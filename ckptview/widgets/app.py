@@ -280,33 +280,44 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
     )  # fmt: skip
     own_busy(page)
     if pending:
-        follow_loads(pending, workspace, page)
+        follow_loads(pending, workspace, page, dashboard)
     if served:
         pn.state.on_session_destroyed(release_on_end(page, dashboard))
     return page
 
 
-def follow_loads(pending: list[TreeLoad], workspace: Workspace, page) -> None:
+def follow_loads(pending: list[TreeLoad], workspace: Workspace, page, dashboard) -> None:
     """While trees are still being catalogued: their progress at the top of the page, each tree
-    joining the page when it is ready (or its error shown), then the progress goes."""
+    joining the page when it is ready (in the order given; or its error shown), the run shown
+    kept (the first given tree until one is picked), then the progress goes."""
     status = notice("", kind="info", css_classes=["ckptview-loading"])
     page.main = [status, *page.main]
 
     def check() -> None:
-        for load in [p for p in pending if p.finished]:
-            pending.remove(load)
+        if not pending:
+            return
+        while pending and pending[0].finished:  # in order: a tree waits for those before it
+            load = pending.pop(0)
             if load.error is None:
+                shown = dashboard.run
                 workspace.add(load.catalog)
+                if shown is not None:
+                    dashboard.run = shown
             else:
                 page.main = [*page.main[:1], notice(f"{md_code(load.url)}: "
                              f"{md_error(load.error)}", kind="danger"), *page.main[1:]]  # fmt: skip
         if pending:
             set_notice(status, "\n\n".join(p.describe() for p in pending), "info")
         else:
-            callback.stop()
             page.main = [o for o in page.main if o is not status]
 
-    callback = pn.state.add_periodic_callback(check, period=300)
+    doc = pn.state.curdoc
+
+    def notify() -> None:  # from a loading thread: the page is updated on its own event loop
+        doc.add_next_tick_callback(check)
+
+    for load in list(pending):
+        load.follow(notify)
     check()
 
 

@@ -4,6 +4,8 @@ still being catalogued shows how far it got, then the tree."""
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import ckptview as cv
@@ -21,7 +23,11 @@ def open_catalog(url: str, executor: Any = None, progress=None) -> cv.Catalog:
 
 class TreeLoad:
     """One tree being catalogued in a background thread: its progress while it runs, then
-    its catalog or its error. Every session of the server shares it."""
+    its catalog or its error. Every session of the server shares it; a session follows it with
+    :meth:`follow` (told, from the loading thread, of progress and of the end)."""
+
+    #: seconds between two progress reports to the followers
+    REPORT_EVERY = 0.5
 
     def __init__(self, url: str, executor: Any = None) -> None:
         self.url = url
@@ -30,6 +36,9 @@ class TreeLoad:
         self.catalog: cv.Catalog | None = None
         self.error: BaseException | None = None
         self._finished = threading.Event()
+        self._followers: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._reported = 0.0
         threading.Thread(target=self._run, args=(executor,), daemon=True,
                          name=f"ckptview-catalog {url}").start()  # fmt: skip
 
@@ -39,10 +48,32 @@ class TreeLoad:
         except BaseException as e:  # noqa: BLE001 - shown on the page, raised by result()
             self.error = e
         finally:
-            self._finished.set()
+            with self._lock:
+                self._finished.set()
+            self._tell()
 
     def _progress(self, done: int, total: int) -> None:
         self.done, self.total = done, total
+        now = time.monotonic()
+        if now - self._reported >= self.REPORT_EVERY:
+            self._reported = now
+            self._tell()
+
+    def follow(self, notify: Callable[[], None]) -> bool:
+        """Call ``notify()`` (from the loading thread) on progress and when the load ends;
+        ``False`` if it has already ended (nothing will be called)."""
+        with self._lock:
+            if self._finished.is_set():
+                return False
+            self._followers.append(notify)
+            return True
+
+    def _tell(self) -> None:
+        for notify in list(self._followers):
+            try:
+                notify()
+            except Exception:  # noqa: BLE001, S112 - a page gone meanwhile
+                continue
 
     @property
     def finished(self) -> bool:

@@ -17,10 +17,19 @@ VARIABLE_WIDTHS = {"kind": 110, "dtype": 85, "shape": 95, "numel": 80, "size": 9
                    "share": 110}  # fmt: skip
 
 
-def _bytes_size(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.copy()
-    frame["size"] = frame["nbytes"]
-    return frame
+#: the totals: compact rows, numbers to the right, in the theme's colours
+TOTALS_CSS = """
+table { border-collapse: collapse; width: 100%; font-size: 13px; }
+th, td { padding: 3px 8px; text-align: left; border-bottom: 1px solid rgba(128,128,128,.25); }
+td:nth-child(2), td:nth-child(3), th:nth-child(2), th:nth-child(3) { text-align: right; }
+"""
+
+
+def totals_pane(css_class: str) -> pn.pane.DataFrame:
+    """A small read-only table of totals (names escaped, as everywhere)."""
+    return pn.pane.DataFrame(pd.DataFrame(), index=False, escape=True, border=0,
+                             sizing_mode="stretch_width", stylesheets=[TOTALS_CSS],
+                             css_classes=[css_class])  # fmt: skip
 
 
 class VariablesTable(pn.viewable.Viewer):
@@ -53,12 +62,11 @@ class VariablesTable(pn.viewable.Viewer):
             text_align={"size": "right", "numel": "right"}, css_classes=["ckptview-variables"],
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
-        self.by_kind = table(pd.DataFrame(), css_classes=["ckptview-totals-kind"],
-                             hidden_columns=["nbytes"], sizing_mode="stretch_width",
-                             formatters={"size": size_formatter()})  # fmt: skip
-        self.by_node = table(pd.DataFrame(), css_classes=["ckptview-totals-node"],
-                             hidden_columns=["nbytes"], sizing_mode="stretch_width",
-                             formatters={"size": size_formatter()})  # fmt: skip
+        # the totals are a handful of rows: plain tables (a Tabulator each cost the page ~16
+        # Bokeh models and a table render); their frames stay in ``kind_totals``/``node_totals``
+        self.kind_totals = self.node_totals = pd.DataFrame()
+        self.by_kind = totals_pane("ckptview-totals-kind")
+        self.by_node = totals_pane("ckptview-totals-node")
         self._full = pd.DataFrame(columns=SHOWN)
         self._update_serial()
 
@@ -118,8 +126,10 @@ class VariablesTable(pn.viewable.Viewer):
             if self.serial is not None
             else "### No serial"
         )
-        self.by_kind.value = _bytes_size(totals_frame(f, "kind"))
-        self.by_node.value = _bytes_size(totals_frame(f, "node"))
+        self.kind_totals = totals_frame(f, "kind")
+        self.node_totals = totals_frame(f, "node")
+        self.by_kind.object = self.kind_totals.drop(columns="nbytes")
+        self.by_node.object = self.node_totals.drop(columns="nbytes")
 
     def _on_select(self, event) -> None:
         if event.new:
