@@ -7,9 +7,11 @@ import gc
 import os
 import posixpath
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from .. import registry
 from ..codecs.base import Codec, PartialRead
@@ -152,8 +154,10 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
     out: list = [None] * len(jobs)
     keys: list[CacheKey | None] = [None] * len(jobs)
     todo = []
+    # a private cache before its first listing holds none: no lookups, keys made later
+    lazy = cache is not None and cache.private and not cache.listed
     for i, (serial, ref) in enumerate(jobs):
-        if cache is not None:
+        if cache is not None and not lazy:
             keys[i] = listing_key(cache, tree, ref)
             hit = cache.get(keys[i])
             if hit is not None:
@@ -181,12 +185,25 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
                     storage.counters.requests += delta[1]
             out[i] = res
             tick()
+    if cache is not None and lazy:
+        cache.defer(partial(_store, cache, tree, tree.entries, time.time(), jobs, out, None))
+    elif cache is not None:
+        _store(cache, tree, None, None, jobs, out, keys, todo)
     if cache is not None:
-        for i in todo:
-            res = out[i]
-            if not transient(res.error):
-                cache.put(keys[i], (res.codec, res.variables, res.error))
+        cache.listed = True
     return out
+
+
+def _store(cache: HeaderCache, tree: Tree, entries: dict | None, now: float | None,
+           jobs: list[tuple[int, FileRef]], out: list[FileResult],
+           keys: list[CacheKey | None] | None, todo: list[int] | None = None) -> None:  # fmt: skip
+    """Put the listings of ``todo`` (all jobs when None) in the cache, keyed by ``keys`` or
+    from ``entries``, the tree's listing at time ``now``."""
+    for i in range(len(jobs)) if todo is None else todo:
+        res = out[i]
+        if not transient(res.error):
+            key = keys[i] if keys is not None else listing_key(cache, tree, jobs[i][1], entries, now)
+            cache.put(key, (res.codec, res.variables, res.error))
 
 
 def _alone(executor: Executor, storage: Storage, job: tuple[int, FileRef], origin: tuple[str, int],

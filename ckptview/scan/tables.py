@@ -5,7 +5,6 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Sequence
-from datetime import datetime
 from itertools import repeat
 from typing import Any
 
@@ -14,6 +13,7 @@ import pandas as pd
 
 from .. import registry
 from ..dtypes import itemsize
+from ..io import utc_time
 from ..kinds import guess_kind
 from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarColumns, VarInfo, with_errors
 from ..tree import Tree
@@ -90,7 +90,8 @@ def file_size(tree: Tree, path: str) -> int:
         return 0
 
 
-def file_mtime(tree: Tree, path: str) -> datetime | None:
+def file_mtime(tree: Tree, path: str) -> float | None:
+    """A file's mtime from the listing (POSIX seconds), None when unknown."""
     rel = tree.rel(path)
     entry = tree.entries.get(rel)
     return entry.get("mtime") if entry else None
@@ -309,7 +310,7 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
         sizes += [file_size(tree, p) for p in others]
         stamps = [file_mtime(tree, p) for p in paths + others]
         mtimes = [m for m in stamps if m is not None]
-        timestamp = s.timestamp or (max(mtimes) if mtimes else None)
+        timestamp = s.timestamp or (utc_time(max(mtimes)) if mtimes else None)
         nodes = (
             s.nodes if s.nodes is not None else tuple(sorted({r.ref.node for r in files} - {""}))
         )
