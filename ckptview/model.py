@@ -142,9 +142,17 @@ class VarColumns(Sequence):
         return f"VarColumns({self.path!r}, {len(self)} variables)"
 
 
+def as_columns(variables: Sequence[VarInfo]) -> VarColumns | None:
+    """``variables`` when they are columns not yet made into records, else None (a list,
+    the common case, answers without the ABC ``isinstance`` check)."""
+    if type(variables) is list or not isinstance(variables, VarColumns):
+        return None
+    return variables if variables.materialized is None else None
+
+
 def with_errors(variables: Sequence[VarInfo]) -> list[VarInfo]:
     """The variables that carry an error (none in columns not yet made into records)."""
-    if isinstance(variables, VarColumns) and variables.materialized is None:
+    if as_columns(variables) is not None:
         return []
     return [v for v in variables if v.error]
 

@@ -78,12 +78,19 @@ def list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
         return _list_file(storage, serial, ref)
 
 
-def _list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
+def _list_file(storage: Storage, serial: int, ref: FileRef,
+               named: dict[str, Codec] | None = None) -> FileResult:  # fmt: skip
+    """``list_file`` without pausing the collector; ``named``: the codecs forced by name so
+    far in this run (a layout names one codec for thousands of files)."""
     blob = storage.blob(ref.path, ref.size)
     codec: Codec | None = None
     try:
         if ref.codec:
-            codec = registry.get_codec(ref.codec)
+            codec = named.get(ref.codec) if named is not None else None
+            if codec is None:
+                codec = registry.get_codec(ref.codec)
+                if named is not None:
+                    named[ref.codec] = codec
         else:
             head = blob.head() if blob.size else b""
             codec = registry.detect_codec(posixpath.basename(ref.path), head, blob)
@@ -102,7 +109,7 @@ def beyond_file(variables: list[VarInfo], blob: Blob) -> list[VarInfo]:
     """Mark variables whose values would lie past the end of their file (a header that
     promises more than the file holds): they cannot load. Columns are checked by their
     codec (a variable past the end keeps a file off the columnar path)."""
-    if isinstance(variables, VarColumns):
+    if type(variables) is not list and isinstance(variables, VarColumns):
         return variables
     for var in variables:
         span = var.span
@@ -167,9 +174,11 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
         todo.append(i)
     isolated = getattr(executor, "isolates", False)
     if (len(todo) == 1 and not isolated) or (todo and executor is None):
-        for i in todo:
-            out[i] = list_file(storage, *jobs[i])
-            tick()
+        named: dict[str, Codec] = {}
+        with paused_gc:
+            for i in todo:
+                out[i] = _list_file(storage, *jobs[i], named)
+                tick()
     elif todo and executor is not None:
         origin = _origin()
         futures = [(i, executor.submit(list_job, storage, *jobs[i], origin)) for i in todo]

@@ -15,7 +15,7 @@ from .. import registry
 from ..dtypes import itemsize
 from ..io import utc_time
 from ..kinds import guess_kind
-from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarColumns, VarInfo, with_errors
+from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarInfo, as_columns, with_errors
 from ..tree import Tree
 from .listing import NO_CODEC, FileResult
 
@@ -56,7 +56,7 @@ def var_name(ref: FileRef, var: VarInfo) -> str:
 
 def catalog_names(ref: FileRef, variables: Sequence[VarInfo]) -> list[str]:
     """The catalog names of a file's variables (from the names alone for columns)."""
-    if isinstance(variables, VarColumns) and variables.materialized is None:
+    if as_columns(variables) is not None:
         prefix = ref.prefix
         return [f"{prefix}/{n}" for n in variables.names] if prefix else variables.names
     return [var_name(ref, v) for v in variables]
@@ -107,7 +107,7 @@ class _Ints:
     def add(self, chunk: np.ndarray) -> None:
         if self.values:
             self.chunks.append(np.array(self.values, dtype=np.int64))
-            self.values = []
+            self.values.clear()  # the same list: callers hold its bound append
         self.chunks.append(chunk)
 
     def array(self) -> np.ndarray:
@@ -139,11 +139,16 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
             kind = guessed[name] = guess_kind(name)
         return kind
 
+    serial_values_append, numel_values_append = serials.values.append, numels.values.append
+    nbytes_values_append, shards_values_append = nbytes_col.values.append, n_shards.values.append
+    nodes_append, names_append, kinds_append = nodes.append, names.append, kinds.append
+    dtypes_append, shapes_append, files_append = dtypes.append, shapes.append, files.append
+    errors_append, aliases_append, quants_append = errors.append, aliases.append, quants.append
     for res in results:
         url = url_of(res.ref.path)
         ref, serial, node, ref_kind = res.ref, res.serial, res.ref.node, res.ref.kind
         variables = res.variables
-        if isinstance(variables, VarColumns) and variables.materialized is None:
+        if as_columns(variables) is not None:
             n = len(variables)
             row_names = catalog_names(ref, variables)
             serials.add(np.full(n, serial, dtype=np.int64))
@@ -166,31 +171,39 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
             n_shards.add(np.ones(n, dtype=np.int64))
             quants += [None] * n
         else:
+            prefix = ref.prefix
             for var in variables:
-                name = var_name(ref, var)
-                numel = var.numel
+                name = var.name
+                name = (f"{prefix}/{name}" if prefix else name) if name else var_name(ref, var)
+                shape = var.shape
+                if type(shape) is not tuple or not all(type(d) is int for d in shape):
+                    shape = tuple(map(int, shape))
+                numel = 1
+                for d in shape:
+                    numel *= d
                 nbytes = var.nbytes
+                dtype = var.dtype
                 if nbytes is None:
-                    nbytes = numel * itemsize(var.dtype) if var.dtype != "object" else 0
+                    nbytes = numel * itemsize(dtype) if dtype != "object" else 0
                 attrs = var.attrs
+                alias = shards_n = quant = None
                 if attrs:
                     alias = next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None)
-                    shards, quant = attrs.get("n_shards", 1), attrs.get("quant")
-                else:
-                    alias, shards, quant = None, 1, None
-                serials.values.append(serial)
-                nodes.append(node)
-                names.append(name)
-                kinds.append(var.kind or ref_kind or kind_of(name))
-                dtypes.append(var.dtype)
-                shapes.append(tuple(map(int, var.shape)))
-                numels.values.append(numel)
-                nbytes_col.values.append(int(nbytes))
-                files.append(url)
-                errors.append(_str_or_none(var.error))
-                aliases.append(_str_or_none(alias))
-                n_shards.values.append(shards)
-                quants.append(_str_or_none(quant))
+                    shards_n, quant = attrs.get("n_shards"), attrs.get("quant")
+                serial_values_append(serial)
+                nodes_append(node)
+                names_append(name)
+                kinds_append(var.kind or ref_kind or guessed.get(name) or kind_of(name))
+                dtypes_append(dtype)
+                shapes_append(shape)
+                numel_values_append(numel)
+                nbytes_values_append(int(nbytes))
+                files_append(url)
+                error = var.error
+                errors_append(error if type(error) is str else _str_or_none(error))
+                aliases_append(alias if alias is None else _str_or_none(alias))
+                shards_values_append(1 if shards_n is None else shards_n)
+                quants_append(quant if quant is None else _str_or_none(quant))
         if res.error and not foreign(res):
             serials.values.append(res.serial)
             nodes.append(res.ref.node)
@@ -434,7 +447,7 @@ def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
         if res.codec and res.codec.startswith("("):  # assembled, quantized: pieces below
             continue
         cols = res.variables
-        if isinstance(cols, VarColumns) and cols.materialized is None:  # no records made
+        if as_columns(cols) is not None:  # no records made
             origins: dict[int, tuple] = {}
             starts = [origins.setdefault(len(shape), (0,) * len(shape)) for shape in cols.shapes]
             rows.extend(zip(repeat(res.serial), catalog_names(res.ref, cols), repeat(res.ref.node),
