@@ -154,7 +154,11 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
             serials.add(np.full(n, serial, dtype=np.int64))
             nodes += [node] * n
             names += row_names
-            if ref_kind:
+            col_kinds = variables.kinds
+            if col_kinds is not None:  # each row's own kind first, as a record's
+                kinds += [k or ref_kind or guessed.get(name) or kind_of(name)
+                          for k, name in zip(col_kinds, row_names)]  # fmt: skip
+            elif ref_kind:
                 kinds += [ref_kind] * n
             else:
                 known = list(map(guessed.get, row_names))
@@ -167,14 +171,17 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
             nbytes_col.add(variables.nbytes)
             files += [url] * n
             errors += [None] * n
-            aliases += [None] * n
+            aliases += [None] * n if variables.aliases is None else variables.aliases
             n_shards.add(np.ones(n, dtype=np.int64))
             quants += [None] * n
         else:
             prefix = ref.prefix
             for var in variables:
                 name = var.name
-                name = (f"{prefix}/{name}" if prefix else name) if name else var_name(ref, var)
+                if name:
+                    name = f"{prefix}/{name}" if prefix else name
+                else:  # one unnamed tensor: the prefix names it, else the file
+                    name = prefix or posixpath.basename(ref.path)
                 shape = var.shape
                 if type(shape) is not tuple or not all(type(d) is int for d in shape):
                     shape = tuple(map(int, shape))
