@@ -96,10 +96,12 @@ class Storage:
 
     def url(self, path: str) -> str:
         """A URL for a path, with the protocol for non-local filesystems."""
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        if "file" in protocols or "local" in protocols:
-            return path
-        return self.fs.unstrip_protocol(path)
+        fs = self.fs
+        if getattr(self, "_url_fs", None) is not fs:  # the protocols looked at once per fs
+            protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+            self._url_plain = "file" in protocols or "local" in protocols
+            self._url_fs = fs
+        return path if self._url_plain else fs.unstrip_protocol(path)
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a file; one request."""
