@@ -233,7 +233,10 @@ class Hints:
         if isinstance(hints, cls):
             return hints
         if hints is None or isinstance(hints, Hints):
-            return cls()
+            default = _DEFAULT_HINTS.get(cls)  # frozen: one default per family, shared
+            if default is None:
+                default = _DEFAULT_HINTS[cls] = cls()
+            return default
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in hints.items() if k in names})
 
@@ -242,6 +245,9 @@ class Hints:
         what the header cache keys a listing on."""
         return [(f.name, getattr(self, f.name)) for f in fields(self)
                 if getattr(self, f.name) != f.default]  # fmt: skip
+
+
+_DEFAULT_HINTS: dict[type, Hints] = {}
 
 
 @dataclass(frozen=True)
