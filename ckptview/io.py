@@ -96,10 +96,12 @@ class Storage:
 
     def url(self, path: str) -> str:
         """A URL for a path, with the protocol for non-local filesystems."""
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        if "file" in protocols or "local" in protocols:
-            return path
-        return self.fs.unstrip_protocol(path)
+        fs = self.fs
+        if getattr(self, "_url_fs", None) is not fs:  # the protocols looked at once per fs
+            protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+            self._url_plain = "file" in protocols or "local" in protocols
+            self._url_fs = fs
+        return path if self._url_plain else fs.unstrip_protocol(path)
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a file; one request."""
@@ -177,7 +179,6 @@ def local_find(root: str) -> dict[str, dict]:
     ``os.scandir``: the same entries (a symlink is listed, with its target's size, and not
     walked into; unreadable directories are skipped) at a fraction of the calls."""
     out: dict[str, dict] = {}
-    utc = timezone.utc
     stack = [root.rstrip("/") or "/"]
     while stack:
         top = stack.pop()
@@ -202,28 +203,29 @@ def local_find(root: str) -> dict[str, dict]:
                             size = 0
                 except FileNotFoundError:
                     continue
-                mtime = datetime.fromtimestamp(st.st_mtime, tz=utc)
-                out[e.path] = {"name": e.path, "size": int(size), "type": kind, "mtime": mtime,
-                               "etag": None}  # fmt: skip
+                out[e.path] = {"name": e.path, "size": int(size), "type": kind,
+                               "mtime": st.st_mtime, "etag": None}  # fmt: skip
     return dict(sorted(out.items()))
 
 
 def normalize_info(info: dict) -> dict:
-    """name, size, type ('file'/'directory') and mtime (a UTC datetime or None)."""
+    """name, size, type ('file'/'directory') and mtime (POSIX seconds, a float, or None: a
+    listing of a million files keeps numbers; :func:`utc_time` makes one a datetime)."""
     mtime = None
     for key in ("mtime", "LastModified", "last_modified", "updated", "modified", "created"):
         v = info.get(key)
         if v is None:
             continue
-        if isinstance(v, (int, float)):
-            mtime = datetime.fromtimestamp(float(v), tz=timezone.utc)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            mtime = float(v)
         elif isinstance(v, datetime):
-            mtime = v if v.tzinfo else v.replace(tzinfo=timezone.utc)
+            mtime = (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).timestamp()
         elif isinstance(v, str):
             try:
-                mtime = datetime.fromisoformat(v.replace("Z", "+00:00"))
+                t = datetime.fromisoformat(v.replace("Z", "+00:00"))
             except ValueError:
                 continue
+            mtime = (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
         if mtime is not None:
             break
     kind = info.get("type", "file")
@@ -234,6 +236,11 @@ def normalize_info(info: dict) -> dict:
         "mtime": mtime,
         "etag": info.get("ETag") or info.get("etag"),
     }
+
+
+def utc_time(mtime: float | None) -> datetime | None:
+    """A listing's mtime (POSIX seconds) as a UTC datetime."""
+    return None if mtime is None else datetime.fromtimestamp(mtime, tz=timezone.utc)
 
 
 class Blob:

@@ -88,16 +88,31 @@ class VarColumns(Sequence):
     ``path`` at ``offsets[i]`` of ``nbytes[i]`` bytes stored as ``disks[i]`` (``numels``,
     ``nbytes`` and ``offsets`` are int64 numpy arrays); ``attrs`` is
     ``{key: codes[i]}`` plus ``{"metadata": meta}`` when there is one (shared by the
-    file's variables, as a codec's per-file metadata is)."""
+    file's variables, as a codec's per-file metadata is).
+
+    Optional per-row columns (None: as above), for codecs whose variables differ row by row
+    (TF bundles): ``kinds`` (each row's kind, None for the catalog's guess), ``aliases``
+    (the variables table's ``alias``: what ``attrs["full_name"]``/``["param_name"]`` give),
+    ``paths`` (each span's file: a bundle's data shards), ``fields`` (attrs as columns:
+    row ``i`` holds ``{k: fields[k][i]}`` for the values that are not None, in place of
+    ``{key: codes[i]}``), ``extras`` (a dict or None per row, merged into its attrs after
+    ``fields``) and ``others`` (row index -> the row's ``VarInfo``, for a variable read
+    through a locator, such as a string tensor: still without error; the columns hold its
+    name, dtype, shape, numel, nbytes, kind and alias)."""
 
     def __init__(self, path: str, names: list[str], dtypes: list[str],
                  shapes: list[tuple[int, ...]], numels: Any, nbytes: Any, offsets: Any,
                  disks: list[str | None], codes: list[str], key: str,
-                 meta: dict | None = None):  # fmt: skip
+                 meta: dict | None = None, *, kinds: list[str | None] | None = None,
+                 aliases: list[str | None] | None = None, paths: list[str] | None = None,
+                 fields: dict[str, list] | None = None, extras: list[dict | None] | None = None,
+                 others: dict[int, VarInfo] | None = None):  # fmt: skip
         self.path = path
         self.names, self.dtypes, self.shapes, self.numels = names, dtypes, shapes, numels
         self.nbytes, self.offsets, self.disks, self.codes = nbytes, offsets, disks, codes
         self.key, self.meta = key, meta
+        self.kinds, self.aliases, self.paths = kinds, aliases, paths
+        self.fields, self.extras, self.others = fields, extras, others
         self._vars: list[VarInfo] | None = None
 
     @property
@@ -108,6 +123,9 @@ class VarColumns(Sequence):
 
     def records(self) -> list[VarInfo]:
         """The variables as ``VarInfo`` records (made once)."""
+        if self._vars is None and (self.fields is not None or self.others or self.kinds
+                                   or self.paths or self.extras):  # fmt: skip
+            self._vars = self._rows()
         if self._vars is None:
             path, key, meta = self.path, self.key, self.meta
             out = []
@@ -120,6 +138,33 @@ class VarColumns(Sequence):
                                    Span(path, offset, nbytes, "C", disk), None, attrs))  # fmt: skip
             self._vars = out
         return self._vars
+
+    def _rows(self) -> list[VarInfo]:
+        """``records`` with the per-row columns."""
+        nbytes, offsets = self.nbytes.tolist(), self.offsets.tolist()
+        kinds, paths, fields, extras = self.kinds, self.paths, self.fields, self.extras
+        others = self.others or {}
+        key, meta, codes = self.key, self.meta, self.codes
+        out = []
+        for i, name in enumerate(self.names):
+            var = others.get(i)
+            if var is not None:
+                out.append(var)
+                continue
+            if fields is not None:
+                attrs = {k: col[i] for k, col in fields.items() if col[i] is not None}
+            else:
+                attrs = {key: codes[i], "metadata": meta} if meta else {key: codes[i]}
+            extra = extras[i] if extras is not None else None
+            if extra:
+                attrs.update(extra)
+            n = nbytes[i]
+            span = Span(paths[i] if paths is not None else self.path, offsets[i], n, "C",
+                        self.disks[i])  # fmt: skip
+            out.append(VarInfo(name, self.dtypes[i], self.shapes[i], n,
+                               kinds[i] if kinds is not None else None, None, span, None,
+                               attrs))  # fmt: skip
+        return out
 
     def __len__(self) -> int:
         return len(self.names) if self._vars is None else len(self._vars)
@@ -142,9 +187,17 @@ class VarColumns(Sequence):
         return f"VarColumns({self.path!r}, {len(self)} variables)"
 
 
+def as_columns(variables: Sequence[VarInfo]) -> VarColumns | None:
+    """``variables`` when they are columns not yet made into records, else None (a list,
+    the common case, answers without the ABC ``isinstance`` check)."""
+    if type(variables) is list or not isinstance(variables, VarColumns):
+        return None
+    return variables if variables.materialized is None else None
+
+
 def with_errors(variables: Sequence[VarInfo]) -> list[VarInfo]:
     """The variables that carry an error (none in columns not yet made into records)."""
-    if isinstance(variables, VarColumns) and variables.materialized is None:
+    if as_columns(variables) is not None:
         return []
     return [v for v in variables if v.error]
 
@@ -180,7 +233,10 @@ class Hints:
         if isinstance(hints, cls):
             return hints
         if hints is None or isinstance(hints, Hints):
-            return cls()
+            default = _DEFAULT_HINTS.get(cls)  # frozen: one default per family, shared
+            if default is None:
+                default = _DEFAULT_HINTS[cls] = cls()
+            return default
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in hints.items() if k in names})
 
@@ -189,6 +245,9 @@ class Hints:
         what the header cache keys a listing on."""
         return [(f.name, getattr(self, f.name)) for f in fields(self)
                 if getattr(self, f.name) != f.default]  # fmt: skip
+
+
+_DEFAULT_HINTS: dict[type, Hints] = {}
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ class Tree:
         #: the listing's paths sorted, and the entries they were sorted from
         self._sorted: list[str] = []
         self._sorted_of: dict | None = None
+        #: (kind, depth) -> the whole tree's files or dirs, for the sorted listing above
+        self._selected: dict[tuple, list[str]] = {}
 
     @classmethod
     def at(cls, storage: Storage, path: str) -> Tree:
@@ -105,6 +107,7 @@ class Tree:
         entries = self.entries
         if self._sorted_of is not entries or len(self._sorted) != len(entries):
             self._sorted, self._sorted_of = sorted(entries), entries  # (re)listed, or added to
+            self._selected.clear()
         keys = self._sorted
         if not prefix:
             return keys
@@ -116,10 +119,20 @@ class Tree:
     def _select(self, kind: str, under: str, depth: int | None) -> list[str]:
         prefix = under.rstrip("/") + "/" if under else ""
         entries, start = self.entries, len(prefix)
+        below = self._below(prefix)
+        if not prefix:  # the whole tree: asked by every layout's detection, kept (a copy out)
+            memo = self._selected.get((kind, depth))
+            if memo is not None:
+                return list(memo)
         if depth is None:
-            return [rel for rel in self._below(prefix) if entries[rel]["type"] == kind]
-        return [rel for rel in self._below(prefix)
-                if entries[rel]["type"] == kind and rel.count("/", start) < depth]  # fmt: skip
+            out = [rel for rel in below if entries[rel]["type"] == kind]
+        else:
+            out = [rel for rel in below
+                   if entries[rel]["type"] == kind and rel.count("/", start) < depth]  # fmt: skip
+        if not prefix:
+            self._selected[(kind, depth)] = out
+            return list(out)
+        return out
 
     def children(self, under: str = "") -> list[str]:
         """Names (not paths) directly below ``under``: files and directories."""

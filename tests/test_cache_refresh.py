@@ -129,6 +129,45 @@ def test_refresh_reads_only_new_changed_and_forgets_deleted(tmp_path):
     assert len(cat.variables) and log.paths == []
 
 
+def test_private_cache_keys_its_first_listing_later(tmp_path, monkeypatch):
+    """``cache=False``: the catalog's own cache holds nothing before its first listing, so that
+    listing makes no keys (no lookups, no mtime stamps); its ``refresh`` keys them then, from
+    the listing of that time, and reads no header again."""
+    from ckptview.scan import listing
+
+    root = copy_tree("paddle/fluid_ckpt", tmp_path / "t")
+    made = []
+    real = listing.listing_key
+    monkeypatch.setattr(listing, "listing_key", lambda *a, **k: made.append(a) or real(*a, **k))
+    cat = cv.open(root, cache=False)
+    want = snapshot(cat)
+    assert cat.cache.private and made == []
+    log = ReadLog(cat.storage)
+    cat.refresh()
+    got = snapshot(cat)
+    assert made and log.paths == []
+    pd.testing.assert_frame_equal(got[1], want[1])
+    assert len(cv.open(root, cache=False).cache) > 0  # counting flushes the deferred keys
+
+
+def test_private_cache_later_keys_keep_the_racy_rule(tmp_path, monkeypatch):
+    """Keys made after the listing judge mtimes at the listing's time: files written just
+    before it are re-read on refresh even when the refresh comes later."""
+    import ckptview.scan.cache as cache_mod
+
+    root = copy_tree("paddle/fluid_ckpt", tmp_path / "t")
+    now = time.time()
+    for p in root.rglob("*"):
+        os.utime(p, (now, now))
+    cat = cv.open(root, cache=False)
+    assert len(cat.variables)
+    later = now + 60
+    monkeypatch.setattr(cache_mod.time, "time", lambda: later)
+    log = ReadLog(cat.storage)
+    cat.refresh()
+    assert len(cat.variables) and log.paths  # racy at listing time: read again
+
+
 def test_disk_cache_serves_another_process(tmp_path):
     root = copy_tree("paddle/fluid_ckpt", tmp_path / "t")
     where = tmp_path / "cache"

@@ -497,3 +497,38 @@ def test_loose_selected_rows_file_beyond_the_first_block_is_detected(tmp_path):
     var = cat.variable("emb.bin")
     assert var.attrs["rows"] == rows and var.attrs["height"] == 4001
     np.testing.assert_array_equal(cat.read("emb.bin"), value)
+
+
+def test_plain_desc_agrees_with_the_general_decoder():
+    """The inline TensorDesc decoder of ``plain_dense`` answers only where the general one
+    gives the same (code, dims); random, cut and flipped descs included."""
+    import random
+
+    from ckptview.formats import protobuf as pb
+    from ckptview.formats.paddle_stream import FormatError, _plain_desc, parse_tensor_desc
+
+    rng = random.Random(13)
+    samples = [b"\x08\x05\x10\x10", b"\x08\x05", b"\x08\x05\x12\x01\x10", b"\x10\x02\x08\x05",
+               b"\x08\x05\x10" + b"\xff" * 9 + b"\x01", b"\x08\x05\x10" + b"\xff" * 8 + b"\x7f"]
+    for _ in range(3000):
+        dims = [rng.choice([0, 1, 3, 127, 128, 300, 1 << 40]) for _ in range(rng.randint(0, 4))]
+        buf = b"\x08" + bytes([rng.choice([2, 3, 5, 6, 22, 99])])
+        buf += b"".join(b"\x10" + pb.encode_varint(d) for d in dims)
+        samples.append(buf)
+        cut = bytearray(buf[: rng.randint(0, len(buf))])
+        samples.append(bytes(cut))
+        if buf:
+            flipped = bytearray(buf)
+            flipped[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
+            samples.append(bytes(flipped))
+    answered = 0
+    for buf in samples:
+        fast = _plain_desc(buf, 0, len(buf))
+        if fast is None:
+            continue
+        answered += 1
+        try:
+            assert parse_tensor_desc(buf) == fast, buf
+        except (FormatError, pb.DecodeError):
+            raise AssertionError(f"fast path accepted {buf!r}") from None
+    assert answered > 1000

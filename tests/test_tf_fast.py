@@ -270,3 +270,87 @@ def test_tensor_var_views(size, stride, offset, expect):
         order, at = expect
         assert not var.error and var.locator is None
         assert (var.span.order, var.span.offset, var.span.length) == (order, 64 + at, 4 * n)
+
+
+# -- columns (issue 13): per-row kinds, aliases, shard paths and attrs --------------------------
+def _listed(path: Path, hints: dict, general: bool, monkeypatch) -> list:
+    storage, _ = Storage.from_url(str(path.parent))
+    with monkeypatch.context() as m:
+        if general:
+            m.setattr(tfc._Context, "columns", lambda self, entries: None)
+        try:
+            got = tfc.TFBundleCodec().list_variables(storage.blob(str(path)), hints)
+        except Exception as e:  # noqa: BLE001 - both paths must fail alike
+            return [type(e).__name__, str(e)]
+    return got
+
+
+@pytest.mark.parametrize("path", INDEXES, ids=lambda p: str(p.relative_to(p.parents[2])))
+@pytest.mark.parametrize("graph", [False, True])
+def test_columns_give_the_records_of_the_general_path(path, graph, monkeypatch):
+    hints = {"object_graph": graph}
+    cols = _listed(path, hints, False, monkeypatch)
+    want = _listed(path, hints, True, monkeypatch)
+    if isinstance(cols, tfc.VarColumns):
+        assert cols.materialized is None
+        assert list(cols) == want
+    else:
+        assert cols == want
+
+
+def test_columns_are_taken_for_plain_bundles(monkeypatch):
+    taken = [p for p in INDEXES
+             if isinstance(_listed(p, {"object_graph": True}, False, monkeypatch), tfc.VarColumns)]  # fmt: skip
+    assert len(taken) >= 6, taken  # not vacuous: most bundles are plain
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_columns_on_damaged_indexes_agree(seed, tmp_path, monkeypatch):
+    """Flipped and cut copies of each index (the data shards linked beside them): the columns,
+    where taken, hold the records the general path gives; otherwise both give the same."""
+    rng = random.Random(seed)
+    for path in INDEXES:
+        data = bytearray(path.read_bytes())
+        if seed % 2:
+            data = data[: rng.randrange(len(data))]
+        else:
+            for _ in range(3):
+                data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        where = tmp_path / f"{path.parent.name}-{seed}-{INDEXES.index(path)}"
+        where.mkdir()
+        for shard in path.parent.glob(path.name[: -len(".index")] + ".data-*"):
+            os.symlink(shard, where / shard.name)
+        copy = where / path.name
+        copy.write_bytes(bytes(data))
+        cols = _listed(copy, {"object_graph": True}, False, monkeypatch)
+        want = _listed(copy, {"object_graph": True}, True, monkeypatch)
+        assert (list(cols) if isinstance(cols, tfc.VarColumns) else cols) == want
+
+
+def test_catalog_tables_from_tf_columns_match_records():
+    """Every TF tree of the corpus and the wild: the variables and shards tables built from the columns
+    equal those built from the records (kinds, aliases, sizes, shards)."""
+    import pandas as pd
+
+    import ckptview as cv
+    from ckptview.scan.tables import shards_table, variables_table
+
+    roots = sorted({p.parent for p in INDEXES})
+    checked = 0
+    for root in roots:
+        try:
+            cat = cv.open(str(root), cache=False)
+        except cv.UnknownTreeError:
+            continue
+        v, sh = cat.variables, cat.shards
+        logical = cat._scan.logical()
+        cols = [r for r in logical.results if isinstance(r.variables, tfc.VarColumns)]
+        if not cols:
+            continue
+        assert all(r.variables.materialized is None for r in cols)  # the tables made none
+        for r in cols:
+            r.variables.records()
+        pd.testing.assert_frame_equal(v, variables_table(cat.tree, logical.results))
+        pd.testing.assert_frame_equal(sh, shards_table(cat.tree, logical))
+        checked += 1
+    assert checked >= 3, roots

@@ -33,7 +33,7 @@ from ..formats.tf_bundle import (
 )
 from ..io import Blob, Storage
 from ..kinds import guess_kind
-from ..model import HintsLike, Span, TFHints, VarInfo
+from ..model import HintsLike, Span, TFHints, VarColumns, VarInfo
 from .base import Codec, CodecTier, read_span
 
 OBJECT_GRAPH_LIMIT = 16 << 20
@@ -152,6 +152,12 @@ class TFBundleCodec(Codec):
         if num_shards < 1:
             raise FormatError(f"bundle header claims {num_shards} shards")
         ctx = _Context(blob, hints, num_shards, big_endian)
+        if not slices:  # the usual bundle: every entry plain and sound -> columns
+            cols = ctx.columns(entries)
+            if cols is not None:
+                if hints.object_graph:
+                    _graph_columns(blob.storage, cols)
+                return cols
         out = []
         for name, entry in entries:
             if type(entry) is tuple:
@@ -208,6 +214,60 @@ class _Context:
             path = data_path(self.blob.path, shard_id, self.num_shards)
             found = self.shards[shard_id] = (path, self.data_size(path))
         return found
+
+    def columns(self, entries: list) -> VarColumns | None:
+        """The entries as columns when every one decoded plain and passes ``var``'s checks
+        (a string or other object tensor is a record among them, ``VarColumns.others``);
+        None at the first that does not: the records path then says why."""
+        rows = []  # one tuple per row, transposed into columns at the end
+        others: dict[int, VarInfo] = {}
+        here = self.blob.path
+        big = self.big_endian
+        layouts: dict[int, tuple] = {}  # dtype enum -> (dtype, tf name, itemsize, disk dtype)
+        for i, (name, entry) in enumerate(entries):
+            if type(entry) is not tuple:
+                return None
+            dtype_enum, shape, shard_id, offset, size, crc = entry
+            numel = prod(shape)
+            if numel >= 1 << 62:
+                return None
+            known = layouts.get(dtype_enum)
+            if known is None:
+                found = TF_DTYPES.get(dtype_enum)
+                if found is None:
+                    return None
+                dtype, tf_name = found
+                if dtype == "object":
+                    known = (dtype, tf_name or dtype, 0, None)
+                else:
+                    item = np_dtype(dtype).itemsize
+                    disk = np_dtype(dtype).newbyteorder(">").str if big and item > 1 else None
+                    known = layouts[dtype_enum] = (dtype, tf_name or dtype, item, disk)
+            dtype, tf_name, item, disk = known
+            if not item or dtype_enum == DT_STRING:  # read through a locator: a record
+                var = self.var(name, *entry)
+                if var.error:
+                    return None
+                others[i] = var
+                path, offset, kind = here, 0, var.kind
+            else:
+                if not 0 <= shard_id < self.num_shards or offset < 0 or size < 0:
+                    return None
+                path, file_size = self.shard(shard_id)
+                if file_size is None or offset + size > file_size or size != numel * item:
+                    return None
+                kind = tf_kind(name)
+            rows.append((name, dtype, shape, numel, size, offset, path, disk, tf_name, shard_id,
+                         crc, kind))  # fmt: skip
+        columns = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(12)]
+        names, dtypes, shapes, numels, sizes, offsets, paths, disks = columns[:8]
+        tf_names, shard_ids, crcs, kinds = columns[8:]
+        as_int = np.array
+        return VarColumns(here, names, dtypes, shapes, as_int(numels, np.int64),
+                          as_int(sizes, np.int64), as_int(offsets, np.int64), disks, [], "",
+                          kinds=kinds, paths=paths,
+                          fields={"tf_dtype": tf_names, "shard": shard_ids, "crc32c": crcs},
+                          others=others)  # fmt: skip
 
     def entry_var(self, name: str, entry: BundleEntry) -> VarInfo:
         return self.var(
@@ -304,13 +364,56 @@ _LAST_GRAPH: tuple[bytes, dict[str, dict]] = (b"", {})
 GRAPH_MEMO_LIMIT = 1 << 20
 
 
+def _graph_columns(storage: Storage, cols: VarColumns) -> None:
+    """``_add_object_graph`` for columns: the graph's facts as each row's ``extras``, its
+    ``full_name`` as the row's alias, slots as optimizer kinds."""
+    others = cols.others or {}
+    graph = next((v for v in others.values() if v.name == OBJECT_GRAPH_KEY), None)
+    names = _graph_names(storage, graph)
+    if not names:
+        return
+    n = len(cols.names)
+    extras: list[dict | None] = [None] * n
+    aliases: list[str | None] = [None] * n
+    kinds = cols.kinds if cols.kinds is not None else [None] * n
+    for i, name in enumerate(cols.names):
+        found = names.get(name)
+        if not found:
+            continue
+        var = others.get(i)
+        if var is not None:
+            var.attrs.update(found)
+        else:
+            extras[i] = found
+        alias = found.get("full_name") or found.get("param_name") or None
+        aliases[i] = alias if isinstance(alias, str) else None
+        if "slot_name" in found:
+            kinds[i] = "optimizer"
+            if var is not None:
+                var.kind = "optimizer"
+    cols.extras, cols.aliases, cols.kinds = extras, aliases, kinds
+
+
 def _add_object_graph(storage: Storage, variables: list[VarInfo]) -> None:
     """Readable names (``attrs["full_name"]``) and slot facts from the object graph."""
     graph = next((v for v in variables if v.name == OBJECT_GRAPH_KEY and not v.error), None)
+    names = _graph_names(storage, graph)
+    if not names:
+        return
+    for var in variables:
+        found = names.get(var.name)
+        if found:
+            var.attrs.update(found)
+            if "slot_name" in found:
+                var.kind = "optimizer"
+
+
+def _graph_names(storage: Storage, graph: VarInfo | None) -> dict[str, dict] | None:
+    """The object graph's facts by bundle key (a decode error goes in the graph's attrs)."""
     if graph is None or not isinstance(graph.locator, _Strings):
-        return
+        return None
     if graph.locator.span.length > OBJECT_GRAPH_LIMIT:
-        return
+        return None
     global _LAST_GRAPH
     try:
         data = bytes(read_strings(storage, graph.locator.span, ()).item())
@@ -323,10 +426,5 @@ def _add_object_graph(storage: Storage, variables: list[VarInfo]) -> None:
                 _LAST_GRAPH = (data, names)
     except (pb.DecodeError, FormatError) as e:
         graph.attrs["error"] = str(e)
-        return
-    for var in variables:
-        found = names.get(var.name)
-        if found:
-            var.attrs.update(found)
-            if "slot_name" in found:
-                var.kind = "optimizer"
+        return None
+    return names

@@ -120,6 +120,35 @@ _PLAIN_PREFIX = bytes(16)  # LoDTensor version 0, no LoD levels, tensor version 
 _I32 = struct.Struct("<i")
 
 
+def _plain_desc(buf: bytes, pos: int, end: int) -> tuple[int, tuple[int, ...]] | None:
+    """``parse_tensor_desc`` of ``buf[pos:end]`` for the usual encoding (data_type, then
+    each dim as an unpacked field 2, every varint short of 2^63), inline; None for anything
+    else (the general decoder decides)."""
+    if end - pos < 2 or buf[pos] != 0x08:
+        return None
+    code = buf[pos + 1]
+    if code & 0x80 or code not in DTYPES:
+        return None
+    pos += 2
+    dims = []
+    while pos < end:
+        if buf[pos] != 0x10:
+            return None
+        pos += 1
+        value = shift = 0
+        while True:
+            if pos >= end or shift > 56:
+                return None
+            b = buf[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+        dims.append(value)
+    return code, tuple(dims)
+
+
 def plain_dense(blob, head: bytes) -> VarInfo | None:
     """The one variable of a file holding exactly one DenseTensor without LoD whose header
     lies in ``head`` (a per-variable file of ``save_persistables``, the common case), parsed
@@ -129,11 +158,14 @@ def plain_dense(blob, head: bytes) -> VarInfo | None:
     desc_len = _I32.unpack_from(head, 16)[0]
     if not 0 <= desc_len <= MAX_DESC_LEN or 20 + desc_len > len(head):
         return None
-    try:
-        code, dims = parse_tensor_desc(head[20 : 20 + desc_len])
-    except (FormatError, pb.DecodeError):
-        return None
     data = 20 + desc_len
+    found = _plain_desc(head, 20, data)
+    if found is None:
+        try:
+            found = parse_tensor_desc(head[20:data])
+        except (FormatError, pb.DecodeError):
+            return None
+    code, dims = found
     numel = 1
     for d in dims:
         numel *= d

@@ -230,6 +230,9 @@ def plain_entry(buf: bytes, pos: int, end: int, shapes: dict) -> PlainEntry | No
                 x = buf[pos]
                 if x < 0x80:
                     pos += 1
+                elif buf[pos + 1] < 0x80:  # two bytes: offsets and sizes below 16 KiB
+                    x = (x & 0x7F) | (buf[pos + 1] << 7)
+                    pos += 2
                 else:
                     x, pos = read_varint(buf, pos)
                 if tag == 0x08:

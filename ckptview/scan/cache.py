@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +38,22 @@ Listing = tuple[str | None, list, str | None]
 #: systems stamp mtimes coarsely (a kernel tick, or 1-2 s), as git's "racily clean" entries
 RACY = 2.0
 DEFAULT_MAX_WEIGHT = 2_000_000  # ~ variable rows + small-file KiB held in memory
-FORMAT = 3  # bump when VarInfo/Span change shape: old disk entries are then ignored
+FORMAT = 4  # bump when VarInfo/Span change shape: old disk entries are then ignored
 
 
 class HeaderCache:
     """A bounded LRU of listings and small-file bytes, optionally backed by a directory."""
 
     def __init__(self, directory: str | os.PathLike | None = None,
-                 max_weight: int = DEFAULT_MAX_WEIGHT):  # fmt: skip
+                 max_weight: int = DEFAULT_MAX_WEIGHT, private: bool = False):  # fmt: skip
         self.directory = Path(directory).expanduser() if directory else None
+        #: one catalog's own cache (``open(cache=False)``), kept for its ``refresh``: nothing
+        #: can be in it before its first listing, so that listing keys its files later, on
+        #: the cache's next use (:meth:`defer`), and not at all when none comes
+        self.private = private
+        #: True once a listing was stored (or deferred) here
+        self.listed = False
+        self._pending: list[Callable[[], None]] = []
         self.max_weight = int(max_weight)
         self._items: OrderedDict[CacheKey, tuple[Any, int]] = OrderedDict()
         self._weight = 0
@@ -55,9 +63,10 @@ class HeaderCache:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def __reduce__(self):  # a catalog shipped to a worker gets a fresh, empty cache
-        return (HeaderCache, (self.directory, self.max_weight))
+        return (HeaderCache, (self.directory, self.max_weight, self.private))
 
     def __len__(self) -> int:
+        self._flush()
         return len(self._items)
 
     def __bool__(self) -> bool:  # an empty cache is still a cache
@@ -69,17 +78,39 @@ class HeaderCache:
         """A key for a file, or None when its identity is unknown (no size, or no mtime/ETag)."""
         if not info or info.get("type") == "directory":
             return None
+        return HeaderCache.key_at(time.time(), kind, url, info, *extra)
+
+    @staticmethod
+    def key_at(now: float, kind: str, url: str, info: dict | None, *extra: Any) -> CacheKey | None:
+        """:meth:`key` as it was at time ``now`` (a key computed after the listing)."""
+        if not info or info.get("type") == "directory":
+            return None
         mtime, etag = info.get("mtime"), info.get("etag")
         if mtime is None and not etag:
             return None
-        if not etag and hasattr(mtime, "timestamp") and mtime.timestamp() > time.time() - RACY:
+        if hasattr(mtime, "timestamp"):  # a datetime (listings hold POSIX seconds)
+            mtime = mtime.timestamp()
+        if not etag and mtime is not None and mtime > now - RACY:
             return None  # written just now: a same-size rewrite could keep this mtime
-        stamp = mtime.isoformat() if hasattr(mtime, "isoformat") else str(mtime)
-        # the parts themselves (hashing them is for file names on disk only: see _file)
-        return (FORMAT, kind, url, int(info.get("size") or 0), stamp, etag or "", *extra)
+        # the parts themselves, the mtime as a number (hashing them is for file names on
+        # disk only: see _file)
+        return (FORMAT, kind, url, int(info.get("size") or 0), mtime, etag or "", *extra)
 
     # -- get / put --------------------------------------------------------------------
+    def defer(self, store: Callable[[], None]) -> None:
+        """Run ``store`` (which puts entries) before the next lookup or count, not now."""
+        with self._lock:
+            self._pending.append(store)
+
+    def _flush(self) -> None:
+        if self._pending:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for store in pending:
+                store()
+
     def get(self, key: CacheKey | None) -> Any | None:
+        self._flush()
         if key is None:
             return None
         with self._lock:
@@ -99,6 +130,7 @@ class HeaderCache:
         return value
 
     def put(self, key: CacheKey | None, value: Any) -> None:
+        self._flush()
         if key is None or value is None:
             return
         self._remember(key, value)
@@ -108,6 +140,7 @@ class HeaderCache:
         """Forget the memory entries (disk entries stay)."""
         with self._lock:
             self._items.clear()
+            self._pending.clear()
             self._weight = 0
 
     def _remember(self, key: CacheKey, value: Any) -> None:
@@ -200,7 +233,7 @@ def resolve(cache: Any) -> HeaderCache:
     if cache is None or cache is True:
         return default_cache()
     if cache is False:
-        return HeaderCache()
+        return HeaderCache(private=True)
     if isinstance(cache, HeaderCache):
         return cache
     path = Path(os.fspath(cache)).expanduser().resolve()
@@ -211,11 +244,15 @@ def resolve(cache: Any) -> HeaderCache:
 
 
 # -- the key of a data file's listing ----------------------------------------------------------
-def listing_key(cache: HeaderCache, tree: Tree, ref: FileRef) -> CacheKey | None:
-    """The cache key of one data file as a layout hands it over (forced codec and hints count)."""
-    info = tree.entries.get(tree.rel(ref.path))
+def listing_key(cache: HeaderCache, tree: Tree, ref: FileRef, entries: dict | None = None,
+                now: float | None = None) -> CacheKey | None:  # fmt: skip
+    """The cache key of one data file as a layout hands it over (forced codec and hints
+    count); ``entries``/``now``: the tree's listing and the time it was made (a key made
+    later, :meth:`HeaderCache.defer`)."""
+    info = (tree.entries if entries is None else entries).get(tree.rel(ref.path))
     if info is not None and ref.size is not None and info.get("size") != ref.size:
         return None
     hints = repr(sorted((str(k), repr(v)) for k, v in ref.hints.items())) if ref.hints else "[]"
-    return cache.key("listing", tree.storage.url(ref.path), info, ref.codec or "", hints,
-                     ref.optional)  # fmt: skip
+    return cache.key_at(time.time() if now is None else now, "listing",
+                        tree.storage.url(ref.path), info, ref.codec or "", hints,
+                        ref.optional)  # fmt: skip

@@ -14,7 +14,7 @@ from .. import registry
 from ..codecs.base import Codec
 from ..io import Blob, Storage
 from ..layouts.base import Layout
-from ..model import FileRef, SerialInfo, TreeScan, VarColumns, VarInfo
+from ..model import FileRef, SerialInfo, TreeScan, VarInfo, as_columns
 from ..tree import Tree
 from .cache import HeaderCache, resolve
 from .listing import FileResult, default_executor, paused_gc, run_listings
@@ -111,12 +111,15 @@ class Scan:
     def _pieces_of(self, ref: FileRef, variables: Sequence[VarInfo]) -> list | None:
         """Each variable's piece: marked by its codec, else as its layout says; None when
         no variable of the file is a piece."""
-        if isinstance(variables, VarColumns) and variables.materialized is None:
+        layout_says = type(self.layout).pieces is not Layout.pieces  # else always None
+        if as_columns(variables) is not None:
+            if not layout_says:
+                return None
             told = self.layout.pieces(ref, variables)  # columns carry no piece marks
             return told if told is not None and any(p is not None for p in told) else None
         else:
             marked = [var.attrs.get("piece") if var.attrs else None for var in variables]
-        if any(p is None for p in marked):
+        if layout_says and any(p is None for p in marked):
             told = self.layout.pieces(ref, variables)
             if told is not None:
                 marked = [m if m is not None else t for m, t in zip(marked, told, strict=True)]

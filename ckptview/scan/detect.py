@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from .. import registry
@@ -72,9 +73,26 @@ def _explained(layout: Layout, tree: Tree) -> int:
     except Exception:  # noqa: BLE001 - a layout that cannot scan the tree explains nothing
         return -1
     tree.scans[layout.name] = found  # the Scan takes it instead of scanning again
-    claimed = {tree.rel(ref.path) for s in found.serials for ref in s.files}
-    claimed |= {tree.rel(p) for s in found.serials for p in s.other_files}
+    rel = _rel_of(tree)
+    claimed = {rel(ref.path) for s in found.serials for ref in s.files}
+    claimed.update(rel(p) for s in found.serials for p in s.other_files)
     dirs = tuple(f"{rel}/" for rel in claimed if rel == "" or tree.is_dir(rel))  # item dirs
     if "/" in dirs:
         return sum(1 for _ in tree.files())
     return sum(1 for rel in tree.files() if rel in claimed or rel.startswith(dirs))
+
+
+def _rel_of(tree: Tree) -> Callable[[str], str]:
+    """``tree.rel`` for the paths layouts make (``tree.abs(rel)``): the root's prefix cut
+    off, anything else through ``tree.rel``."""
+    root = tree.root.rstrip("/")
+    if not root:
+        return tree.rel
+    head, cut, rel = root + "/", len(root) + 1, tree.rel
+
+    def fast(path: str) -> str:
+        if path.startswith(head) and not path.endswith("/"):
+            return path[cut:]
+        return rel(path)
+
+    return fast

@@ -7,9 +7,11 @@ import gc
 import os
 import posixpath
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from .. import registry
 from ..codecs.base import Codec, PartialRead
@@ -76,12 +78,19 @@ def list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
         return _list_file(storage, serial, ref)
 
 
-def _list_file(storage: Storage, serial: int, ref: FileRef) -> FileResult:
+def _list_file(storage: Storage, serial: int, ref: FileRef,
+               named: dict[str, Codec] | None = None) -> FileResult:  # fmt: skip
+    """``list_file`` without pausing the collector; ``named``: the codecs forced by name so
+    far in this run (a layout names one codec for thousands of files)."""
     blob = storage.blob(ref.path, ref.size)
     codec: Codec | None = None
     try:
         if ref.codec:
-            codec = registry.get_codec(ref.codec)
+            codec = named.get(ref.codec) if named is not None else None
+            if codec is None:
+                codec = registry.get_codec(ref.codec)
+                if named is not None:
+                    named[ref.codec] = codec
         else:
             head = blob.head() if blob.size else b""
             codec = registry.detect_codec(posixpath.basename(ref.path), head, blob)
@@ -100,7 +109,7 @@ def beyond_file(variables: list[VarInfo], blob: Blob) -> list[VarInfo]:
     """Mark variables whose values would lie past the end of their file (a header that
     promises more than the file holds): they cannot load. Columns are checked by their
     codec (a variable past the end keeps a file off the columnar path)."""
-    if isinstance(variables, VarColumns):
+    if type(variables) is not list and isinstance(variables, VarColumns):
         return variables
     for var in variables:
         span = var.span
@@ -152,8 +161,10 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
     out: list = [None] * len(jobs)
     keys: list[CacheKey | None] = [None] * len(jobs)
     todo = []
+    # a private cache before its first listing holds none: no lookups, keys made later
+    lazy = cache is not None and cache.private and not cache.listed
     for i, (serial, ref) in enumerate(jobs):
-        if cache is not None:
+        if cache is not None and not lazy:
             keys[i] = listing_key(cache, tree, ref)
             hit = cache.get(keys[i])
             if hit is not None:
@@ -163,9 +174,11 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
         todo.append(i)
     isolated = getattr(executor, "isolates", False)
     if (len(todo) == 1 and not isolated) or (todo and executor is None):
-        for i in todo:
-            out[i] = list_file(storage, *jobs[i])
-            tick()
+        named: dict[str, Codec] = {}
+        with paused_gc:
+            for i in todo:
+                out[i] = _list_file(storage, *jobs[i], named)
+                tick()
     elif todo and executor is not None:
         origin = _origin()
         futures = [(i, executor.submit(list_job, storage, *jobs[i], origin)) for i in todo]
@@ -181,12 +194,25 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
                     storage.counters.requests += delta[1]
             out[i] = res
             tick()
+    if cache is not None and lazy:
+        cache.defer(partial(_store, cache, tree, tree.entries, time.time(), jobs, out, None))
+    elif cache is not None:
+        _store(cache, tree, None, None, jobs, out, keys, todo)
     if cache is not None:
-        for i in todo:
-            res = out[i]
-            if not transient(res.error):
-                cache.put(keys[i], (res.codec, res.variables, res.error))
+        cache.listed = True
     return out
+
+
+def _store(cache: HeaderCache, tree: Tree, entries: dict | None, now: float | None,
+           jobs: list[tuple[int, FileRef]], out: list[FileResult],
+           keys: list[CacheKey | None] | None, todo: list[int] | None = None) -> None:  # fmt: skip
+    """Put the listings of ``todo`` (all jobs when None) in the cache, keyed by ``keys`` or
+    from ``entries``, the tree's listing at time ``now``."""
+    for i in range(len(jobs)) if todo is None else todo:
+        res = out[i]
+        if not transient(res.error):
+            key = keys[i] if keys is not None else listing_key(cache, tree, jobs[i][1], entries, now)
+            cache.put(key, (res.codec, res.variables, res.error))
 
 
 def _alone(executor: Executor, storage: Storage, job: tuple[int, FileRef], origin: tuple[str, int],

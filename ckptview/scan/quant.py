@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..model import Piece, VarColumns, VarInfo
+from ..model import Piece, VarInfo, as_columns
 from .listing import FileResult
 from .logical import ReadPiece
 from .tables import stored_nbytes, var_name
@@ -60,7 +60,7 @@ SCALE_SUFFIXES = ("_scale_inv", "_scale", "_scales")
 def _no_scales(variables: Sequence[VarInfo]) -> bool:
     """True for columns (not yet made into records) without a scale tensor: a quick pass
     over the names alone."""
-    if not isinstance(variables, VarColumns) or variables.materialized is not None:
+    if as_columns(variables) is None:
         return False
     text = "\n".join(variables.names) + "\n"  # one C pass; a false hit only costs time
     return not any(f"{suffix}\n" in text for suffix in SCALE_SUFFIXES)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Sequence
-from datetime import datetime
 from itertools import repeat
 from typing import Any
 
@@ -14,8 +13,9 @@ import pandas as pd
 
 from .. import registry
 from ..dtypes import itemsize
+from ..io import utc_time
 from ..kinds import guess_kind
-from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarColumns, VarInfo, with_errors
+from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarInfo, as_columns, with_errors
 from ..tree import Tree
 from .listing import NO_CODEC, FileResult
 
@@ -56,7 +56,7 @@ def var_name(ref: FileRef, var: VarInfo) -> str:
 
 def catalog_names(ref: FileRef, variables: Sequence[VarInfo]) -> list[str]:
     """The catalog names of a file's variables (from the names alone for columns)."""
-    if isinstance(variables, VarColumns) and variables.materialized is None:
+    if as_columns(variables) is not None:
         prefix = ref.prefix
         return [f"{prefix}/{n}" for n in variables.names] if prefix else variables.names
     return [var_name(ref, v) for v in variables]
@@ -90,7 +90,8 @@ def file_size(tree: Tree, path: str) -> int:
         return 0
 
 
-def file_mtime(tree: Tree, path: str) -> datetime | None:
+def file_mtime(tree: Tree, path: str) -> float | None:
+    """A file's mtime from the listing (POSIX seconds), None when unknown."""
     rel = tree.rel(path)
     entry = tree.entries.get(rel)
     return entry.get("mtime") if entry else None
@@ -106,7 +107,7 @@ class _Ints:
     def add(self, chunk: np.ndarray) -> None:
         if self.values:
             self.chunks.append(np.array(self.values, dtype=np.int64))
-            self.values = []
+            self.values.clear()  # the same list: callers hold its bound append
         self.chunks.append(chunk)
 
     def array(self) -> np.ndarray:
@@ -138,17 +139,26 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
             kind = guessed[name] = guess_kind(name)
         return kind
 
+    serial_values_append, numel_values_append = serials.values.append, numels.values.append
+    nbytes_values_append, shards_values_append = nbytes_col.values.append, n_shards.values.append
+    nodes_append, names_append, kinds_append = nodes.append, names.append, kinds.append
+    dtypes_append, shapes_append, files_append = dtypes.append, shapes.append, files.append
+    errors_append, aliases_append, quants_append = errors.append, aliases.append, quants.append
     for res in results:
         url = url_of(res.ref.path)
         ref, serial, node, ref_kind = res.ref, res.serial, res.ref.node, res.ref.kind
         variables = res.variables
-        if isinstance(variables, VarColumns) and variables.materialized is None:
+        if as_columns(variables) is not None:
             n = len(variables)
             row_names = catalog_names(ref, variables)
             serials.add(np.full(n, serial, dtype=np.int64))
             nodes += [node] * n
             names += row_names
-            if ref_kind:
+            col_kinds = variables.kinds
+            if col_kinds is not None:  # each row's own kind first, as a record's
+                kinds += [k or ref_kind or guessed.get(name) or kind_of(name)
+                          for k, name in zip(col_kinds, row_names)]  # fmt: skip
+            elif ref_kind:
                 kinds += [ref_kind] * n
             else:
                 known = list(map(guessed.get, row_names))
@@ -161,35 +171,46 @@ def variables_table(tree: Tree, results: list[FileResult]) -> pd.DataFrame:
             nbytes_col.add(variables.nbytes)
             files += [url] * n
             errors += [None] * n
-            aliases += [None] * n
+            aliases += [None] * n if variables.aliases is None else variables.aliases
             n_shards.add(np.ones(n, dtype=np.int64))
             quants += [None] * n
         else:
+            prefix = ref.prefix
             for var in variables:
-                name = var_name(ref, var)
-                numel = var.numel
+                name = var.name
+                if name:
+                    name = f"{prefix}/{name}" if prefix else name
+                else:  # one unnamed tensor: the prefix names it, else the file
+                    name = prefix or posixpath.basename(ref.path)
+                shape = var.shape
+                if type(shape) is not tuple or not all(type(d) is int for d in shape):
+                    shape = tuple(map(int, shape))
+                numel = 1
+                for d in shape:
+                    numel *= d
                 nbytes = var.nbytes
+                dtype = var.dtype
                 if nbytes is None:
-                    nbytes = numel * itemsize(var.dtype) if var.dtype != "object" else 0
+                    nbytes = numel * itemsize(dtype) if dtype != "object" else 0
                 attrs = var.attrs
+                alias = shards_n = quant = None
                 if attrs:
                     alias = next((attrs[k] for k in ALIAS_ATTRS if attrs.get(k)), None)
-                    shards, quant = attrs.get("n_shards", 1), attrs.get("quant")
-                else:
-                    alias, shards, quant = None, 1, None
-                serials.values.append(serial)
-                nodes.append(node)
-                names.append(name)
-                kinds.append(var.kind or ref_kind or kind_of(name))
-                dtypes.append(var.dtype)
-                shapes.append(tuple(map(int, var.shape)))
-                numels.values.append(numel)
-                nbytes_col.values.append(int(nbytes))
-                files.append(url)
-                errors.append(_str_or_none(var.error))
-                aliases.append(_str_or_none(alias))
-                n_shards.values.append(shards)
-                quants.append(_str_or_none(quant))
+                    shards_n, quant = attrs.get("n_shards"), attrs.get("quant")
+                serial_values_append(serial)
+                nodes_append(node)
+                names_append(name)
+                kinds_append(var.kind or ref_kind or guessed.get(name) or kind_of(name))
+                dtypes_append(dtype)
+                shapes_append(shape)
+                numel_values_append(numel)
+                nbytes_values_append(int(nbytes))
+                files_append(url)
+                error = var.error
+                errors_append(error if type(error) is str else _str_or_none(error))
+                aliases_append(alias if alias is None else _str_or_none(alias))
+                shards_values_append(1 if shards_n is None else shards_n)
+                quants_append(quant if quant is None else _str_or_none(quant))
         if res.error and not foreign(res):
             serials.values.append(res.serial)
             nodes.append(res.ref.node)
@@ -309,7 +330,7 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
         sizes += [file_size(tree, p) for p in others]
         stamps = [file_mtime(tree, p) for p in paths + others]
         mtimes = [m for m in stamps if m is not None]
-        timestamp = s.timestamp or (max(mtimes) if mtimes else None)
+        timestamp = s.timestamp or (utc_time(max(mtimes)) if mtimes else None)
         nodes = (
             s.nodes if s.nodes is not None else tuple(sorted({r.ref.node for r in files} - {""}))
         )
@@ -433,7 +454,7 @@ def shards_table(tree: Tree, logical: Any) -> pd.DataFrame:
         if res.codec and res.codec.startswith("("):  # assembled, quantized: pieces below
             continue
         cols = res.variables
-        if isinstance(cols, VarColumns) and cols.materialized is None:  # no records made
+        if as_columns(cols) is not None:  # no records made
             origins: dict[int, tuple] = {}
             starts = [origins.setdefault(len(shape), (0,) * len(shape)) for shape in cols.shapes]
             rows.extend(zip(repeat(res.serial), catalog_names(res.ref, cols), repeat(res.ref.node),
