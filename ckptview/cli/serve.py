@@ -47,7 +47,8 @@ def register(sub) -> None:
         "--no-warm",
         dest="warm",
         action="store_false",
-        help="catalogue the trees on the first page instead of at startup",
+        help="start serving at once and catalogue the trees in the background (a page opened "
+             "meanwhile shows how far it got, then the tree) instead of before the first page",
     )
     p.add_argument("--show", action="store_true", help="open the page in a browser")
     p.add_argument(

@@ -126,6 +126,13 @@ def table(value: pd.DataFrame, **kwargs) -> pn.widgets.Tabulator:
     return LeanTabulator(value, **opts)
 
 
+def rule() -> pn.Spacer:
+    """A thin horizontal line between sections (a Divider's stylesheet, loaded by a part that
+    joins the page late, would be fetched from the CDN: blocked by the page's CSP, offline)."""
+    return pn.Spacer(height=1, sizing_mode="stretch_width", margin=(12, 5),
+                     styles={"border-top": "1px solid rgba(128, 128, 128, 0.35)"})  # fmt: skip
+
+
 def served() -> bool:
     """Whether the code runs for a browser session of a Panel server (not a notebook)."""
     doc = pn.state.curdoc
@@ -133,13 +140,14 @@ def served() -> bool:
 
 
 def draw_later(area: pn.layout.ListLike, make: Callable[[], Any]) -> None:
-    """Fill ``area`` with ``make()``: in a notebook now; served, once the page is up.
+    """Fill ``area`` with ``make()``: served, while a page is first built, once it is up;
+    otherwise (a notebook, a page already shown) at once.
 
-    The browser paints the tables only when the server has answered every message the page
-    sent while loading, the last one saying it is ready. A plot built on that message (Panel's
-    ``defer_load``) held the rows back by its building time; built on the next turn of the event
-    loop, it follows the rows instead of preceding them."""
-    if not served():
+    The first page paints sooner without the parts below its first table (the plot, the
+    variables, the tree picker), built on the next turn of the event loop after the page said
+    it is ready. Content that joins a page already shown is built whole: a table shown and
+    resized by content arriving a moment later (before Tabulator built it) breaks the page."""
+    if not served() or pn.state.loaded:
         area.objects = [make()]
         return
     doc = pn.state.curdoc

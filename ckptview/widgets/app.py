@@ -260,7 +260,8 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
     problems = []
     loads = [tree_load(url, executor) for url in urls]
     served = is_served()
-    pending = [load for load in loads if served and not load.finished]
+    waiting = [i for i, load in enumerate(loads) if served and not load.finished]
+    pending = loads[waiting[0]:] if waiting else []  # in order: a tree waits for those before
     for load in loads:
         if load not in pending:  # in a notebook or --warm: waited for
             try:
@@ -280,43 +281,35 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
     )  # fmt: skip
     own_busy(page)
     if pending:
-        follow_loads(pending, workspace, page, dashboard)
+        follow_loads(pending, page)
     if served:
         pn.state.on_session_destroyed(release_on_end(page, dashboard))
     return page
 
 
-def follow_loads(pending: list[TreeLoad], workspace: Workspace, page, dashboard) -> None:
-    """While trees are still being catalogued: their progress at the top of the page, each tree
-    joining the page when it is ready (in the order given; or its error shown), the run shown
-    kept (the first given tree until one is picked), then the progress goes."""
+def follow_loads(pending: list[TreeLoad], page) -> None:
+    """While trees are still being catalogued: their progress at the top of the page; when the
+    first of them is ready, the page reloads (and is built with it, as any page: a table
+    added to a page already shown, then resized by what follows it, can break Tabulator)."""
     status = notice("", kind="info", css_classes=["ckptview-loading"])
     page.main = [status, *page.main]
+    location = pn.state.location
+
+    def reload() -> None:
+        location.reload = True  # the browser reloads; the new page has the tree
 
     def check() -> None:
-        if not pending:
-            return
-        while pending and pending[0].finished:  # in order: a tree waits for those before it
-            load = pending.pop(0)
-            if load.error is None:
-                shown = dashboard.run
-                workspace.add(load.catalog)
-                if shown is not None:
-                    dashboard.run = shown
-            else:
-                page.main = [*page.main[:1], notice(f"{md_code(load.url)}: "
-                             f"{md_error(load.error)}", kind="danger"), *page.main[1:]]  # fmt: skip
-        if pending:
-            set_notice(status, "\n\n".join(p.describe() for p in pending), "info")
+        if pending[0].finished:  # once the page is up (a change it would not see before)
+            pn.state.onload(reload)
         else:
-            page.main = [o for o in page.main if o is not status]
+            set_notice(status, "\n\n".join(p.describe() for p in pending), "info")
 
     doc = pn.state.curdoc
 
     def notify() -> None:  # from a loading thread: the page is updated on its own event loop
         doc.add_next_tick_callback(check)
 
-    for load in list(pending):
+    for load in pending:
         load.follow(notify)
     check()
 

@@ -7,7 +7,7 @@ import param
 
 import ckptview as cv
 
-from ._base import built_once, draw_later
+from ._base import built_once, draw_later, rule
 from .detail import VariableDetail
 from .serials import SerialsTable
 from .variables import VariablesTable
@@ -60,7 +60,7 @@ class RunBrowser(pn.viewable.Viewer):
         # (the browser paints a table only when the whole page has been built and the server
         # has answered it: the variables, their filters and totals doubled that time)
         below = pn.Column(sizing_mode="stretch_width")
-        draw_later(below, lambda: pn.Column(self.verify, pn.layout.Divider(), self.variables,
-                                            pn.layout.Divider(), self.detail,
+        draw_later(below, lambda: pn.Column(self.verify, rule(), self.variables,
+                                            rule(), self.detail,
                                             sizing_mode="stretch_width"))  # fmt: skip
         return pn.Column(self.serials, below, sizing_mode="stretch_width")

@@ -51,6 +51,7 @@ class TreeLoad:
             with self._lock:
                 self._finished.set()
             self._tell()
+            self._followers = []  # their pages are not kept alive by a tree they once waited for
 
     def _progress(self, done: int, total: int) -> None:
         self.done, self.total = done, total

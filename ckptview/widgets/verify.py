@@ -39,13 +39,19 @@ class VerifyPanel(pn.viewable.Viewer):
         """The findings table; it joins the page with the first verify (a page that never
         verifies never builds it)."""
         if self._findings is None:
-            self._findings = table(pd.DataFrame(columns=SHOWN), css_classes=["ckptview-findings"],
-                                   layout="fit_columns", widths={"check": 130, "severity": 90},
-                                   formatters={"file": {"type": "textarea"},
-                                               "message": {"type": "textarea"}},
-                                   visible=False)  # fmt: skip
-            self.body.append(self._findings)
+            self._add_findings(pd.DataFrame(columns=SHOWN), visible=False)
+        assert self._findings is not None
         return self._findings
+
+    def _add_findings(self, value: pd.DataFrame, visible: bool) -> None:
+        # built with its rows: a Tabulator given new rows before the browser has built it
+        # breaks the page
+        self._findings = table(value, css_classes=["ckptview-findings"],
+                               layout="fit_columns", widths={"check": 130, "severity": 90},
+                               formatters={"file": {"type": "textarea"},
+                                           "message": {"type": "textarea"}},
+                               visible=visible)  # fmt: skip
+        self.body.append(self._findings)
 
     @param.depends("serial", watch=True)
     def _reset(self) -> None:
@@ -67,8 +73,11 @@ class VerifyPanel(pn.viewable.Viewer):
         )
         set_notice(self.message, text, kind)
         self.message.visible = True
-        self.findings.value = found[SHOWN].astype(object)
-        self.findings.visible = not found.empty
+        rows = found[SHOWN].astype(object)
+        if self._findings is None:
+            self._add_findings(rows, visible=not found.empty)
+        else:
+            self._findings.param.update(value=rows, visible=not found.empty)
 
     async def _on_verify(self, event=None) -> None:
         if self.serial is None:
