@@ -87,9 +87,8 @@ def tensor_var(name: str, t: TensorRef, record: ZipRecord | tuple[int, int] | No
     start = rec_offset + offset * dt.itemsize
     disk = _disk_dtype(t.dtype, big_endian) if big_endian else None
     if disk is not None or not big_endian:  # values in native order, or read as disk_dtype
-        if len(size) == 1 and (size[0] == 1 or stride[0] == 1):  # the common case: C order
-            order = "C"
-        else:
+        order: str | None = "C"  # the common case: 1-D, C order
+        if not (len(size) == 1 and (size[0] == 1 or stride[0] == 1)):
             order = next((o for o in ("C", "F") if _contiguous(size, stride, o)), None)
         if order is not None:
             var.span = Span(path, start, var.nbytes, order, disk)

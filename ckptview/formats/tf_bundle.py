@@ -373,7 +373,7 @@ def _object_graph_fast(graph: bytes) -> dict[str, dict]:
                         strings[f - 1] = buf[s:a]
                     else:
                         a = _skip(buf, a, b, w)
-                attrs.append((node, *strings))
+                attrs.append((node, strings[0], strings[1], strings[2]))
             else:  # SlotVariableReference: original node, slot name, slot node
                 original, slot_name, slot_node = -1, b"", -1
                 while a < b:
