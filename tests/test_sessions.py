@@ -169,15 +169,7 @@ def test_served_sessions_are_released_when_they_end(demo, monkeypatch):
                       unused_session_lifetime_milliseconds=300,
                       check_unused_sessions_milliseconds=200)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:  # listening (no page asked for: each GET of the page is a session)
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        wait_listening(port)
         n = 6
         for _ in range(n):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/app", timeout=300) as r:

@@ -49,6 +49,18 @@ def handle(buf: bytes | memoryview, pos: int) -> tuple[int, int, int]:
     return offset, size, pos
 
 
+def _entries_end(block: bytes) -> int:
+    """Where a block's entries end (its restart array begins), checked against its size."""
+    n = len(block)
+    if n < 4:
+        raise FormatError("block shorter than its restart count")
+    (num_restarts,) = struct.unpack_from("<I", block, n - 4)
+    limit = n - 4 - 4 * num_restarts
+    if num_restarts == 0 or limit < 0:
+        raise FormatError(f"block claims {num_restarts} restart points in {n} bytes")
+    return limit
+
+
 def block_spans(block: bytes, budget: list[int] | None = None) -> list[tuple[bytes, int, int]]:
     """(key, value start, value end) of each entry of one table block: prefix-compressed keys,
     the restart array at the end; the values are ``block[start:end]`` (not copied).
@@ -57,12 +69,7 @@ def block_spans(block: bytes, budget: list[int] | None = None) -> list[tuple[byt
     if type(block) is not bytes:
         block = bytes(block)
     n = len(block)
-    if n < 4:
-        raise FormatError("block shorter than its restart count")
-    (num_restarts,) = struct.unpack_from("<I", block, n - 4)
-    limit = n - 4 - 4 * num_restarts
-    if num_restarts == 0 or limit < 0:
-        raise FormatError(f"block claims {num_restarts} restart points in {n} bytes")
+    limit = _entries_end(block)
     max_key = min(MAX_KEY, n)
     left = budget[0] if budget is not None else -1
     read_varint = pb.read_varint
@@ -111,12 +118,7 @@ def block_entries(
     """(key, value) pairs of one table block, one at a time (the lazy form of
     :func:`block_spans`: the same checks, in the same order)."""
     n = len(block)
-    if n < 4:
-        raise FormatError("block shorter than its restart count")
-    (num_restarts,) = struct.unpack_from("<I", block, n - 4)
-    limit = n - 4 - 4 * num_restarts
-    if num_restarts == 0 or limit < 0:
-        raise FormatError(f"block claims {num_restarts} restart points in {n} bytes")
+    limit = _entries_end(block)
     mv = memoryview(block)
     pos, key = 0, b""
     while pos < limit:

@@ -325,25 +325,22 @@ def own_busy(page) -> None:
 
     with edit_readonly(page):
         page.busy = False  # a plain value: the reference to pn.state.busy is dropped
-    for watchers in pn.state.param.watchers.get("busy", {}).values():
-        for w in list(watchers):
-            bound = getattr(w.fn, "__self__", None)
-            if getattr(bound, "self", bound) is page:
-                pn.state.param.unwatch(w)
+    unwatch_shared(page, only="busy")
 
 
-def unwatch_shared(*owners) -> int:
+def unwatch_shared(*owners, only: str | None = None) -> int:
     """Remove the watchers that ``owners`` (a session's objects) left on the server-wide
-    ``pn.state`` and ``pn.config``; the number removed.
+    ``pn.state`` and ``pn.config`` (``only``: those of that parameter); the number removed.
 
-    ``pmui.Page`` follows ``pn.state.busy``: that watcher, on an object that lives as long as
-    the server, would keep the page, and through it every widget of the session, alive.
+    A watcher on an object that lives as long as the server would keep its owner, and through
+    it every widget of the session, alive.
     """
     ids = {id(o) for o in owners}
     removed = 0
     for shared in (pn.state, pn.config):
-        for by_what in list(shared.param.watchers.values()):
-            for watchers in list(by_what.values()):
+        watched = shared.param.watchers
+        for name in [only] if only else list(watched):
+            for watchers in list(watched.get(name, {}).values()):
                 for w in list(watchers):
                     bound = getattr(w.fn, "__self__", None)
                     owner = getattr(bound, "self", bound)  # a Parameters: the object it is of
