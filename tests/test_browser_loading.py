@@ -90,3 +90,35 @@ def test_trees_join_in_the_order_given_and_the_first_stays_shown(page: Page, tmp
         for r in releases:
             r.set()
         server.stop()
+
+
+def test_a_page_showing_a_tree_is_not_reloaded_when_the_next_is_ready(page: Page, tmp_path,
+                                                                        monkeypatch):  # fmt: skip
+    """The visitor works on the first tree while the second is catalogued: the second joins the
+    run list in place; the page, and what was clicked on it, stay."""
+    first = write_demo(tmp_path / "first", serials=4).root
+    second = write_demo(tmp_path / "second", serials=7).root
+    releases = [threading.Event(), threading.Event()]
+    releases[0].set()
+    server, url = serve_held([first, second], monkeypatch, releases)
+    try:
+        page.goto(url)
+        rows = page.locator(".ckptview-serials .tabulator-row")
+        expect(rows).to_have_count(4, timeout=WAIT)
+        status = page.locator(".ckptview-loading")
+        expect(status).to_contain_text(str(second), timeout=WAIT)
+        rows.nth(1).click()
+        expect(page.locator(".ckptview-vars-heading")).to_contain_text("Serial", timeout=WAIT)
+        heading = page.locator(".ckptview-vars-heading").inner_text()
+        page.evaluate("window.__same_page = 1")
+        releases[1].set()
+        expect(page.locator(".ckptview-run-select")).to_contain_text("second", timeout=WAIT)
+        expect(status).to_be_hidden(timeout=WAIT)
+        page.wait_for_timeout(1500)  # a reload would have started by now
+        assert page.evaluate("window.__same_page") == 1
+        assert page.locator(".ckptview-vars-heading").inner_text() == heading
+        expect(rows).to_have_count(4)
+    finally:
+        for r in releases:
+            r.set()
+        server.stop()

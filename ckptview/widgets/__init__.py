@@ -6,6 +6,7 @@
 >>> RunBrowser(cv.open("runs/exp1"))  # doctest: +SKIP
 """
 
+from . import _panel_fixes
 from ._base import Workspace
 from .app import Dashboard, build_app
 from .browser import RunBrowser
@@ -19,6 +20,8 @@ from .retention import RetentionView
 from .serials import SerialsTable
 from .trajectory import TrajectoryPlot
 from .variables import VariablesTable
+
+_panel_fixes.apply()
 
 __all__ = [
     "AccessRefused", "CompareView", "Dashboard", "Guard", "RestoreView", "RetentionView",

@@ -212,12 +212,17 @@ class Workspace(param.Parameterized):
         super().__init__(guard=guard or Guard(restrict=False, allow_write=True), **params)
         #: label -> why the last check of that tree for new serials failed (see :meth:`poll`)
         self.failures: dict[str, str] = {}
+        #: whether the views should switch to the run added last (see :meth:`add`)
+        self.show_added = True
         for item in catalogs or []:
             self.add(item)
 
-    def add(self, catalog: cv.Catalog | str | os.PathLike, storage_options=None) -> str:
+    def add(self, catalog: cv.Catalog | str | os.PathLike, storage_options=None, *,
+            show: bool = True) -> str:  # fmt: skip
         """Open (if a URL) and add a run; trees outside the guard's roots are refused (the URL
-        and options before anything is opened, the opened tree after)."""
+        and options before anything is opened, the opened tree after). ``show``: the views
+        switch to it (a tree the visitor opened), else it only joins the run lists (a tree
+        catalogued in the background)."""
         if not isinstance(catalog, cv.Catalog):
             self.guard.check_url(catalog, storage_options)
             catalog = cv.open(catalog, storage_options=storage_options or None,
@@ -227,6 +232,7 @@ class Workspace(param.Parameterized):
             if cat.url == catalog.url:
                 return label
         label = label_for(catalog.url, self.runs)
+        self.show_added = show
         self.runs = {**self.runs, label: catalog}
         return label
 

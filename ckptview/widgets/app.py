@@ -124,8 +124,11 @@ class Dashboard(pn.viewable.Viewer):
         labels = list(self.workspace.runs)
         self.param.run.objects = labels
         before = self.run
-        if event is not None and event.new and len(event.new) > len(event.old or {}):
+        grown = event is not None and event.new and len(event.new) > len(event.old or {})
+        if grown and self.workspace.show_added:
             self.run = labels[-1]  # a run just opened: show it
+        elif grown and self.run in labels:
+            return  # a tree catalogued in the background joins the lists, the page stays
         elif labels and self.run not in labels:
             self.run = labels[0]
         if self.run == before:  # else ``_show`` ran when ``run`` changed
@@ -281,27 +284,45 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
     )  # fmt: skip
     own_busy(page)
     if pending:
-        follow_loads(pending, page)
+        follow_loads(list(pending), page, workspace)
     if served:
         pn.state.on_session_destroyed(release_on_end(page, dashboard))
     return page
 
 
-def follow_loads(pending: list[TreeLoad], page) -> None:
-    """While trees are still being catalogued: their progress at the top of the page; when the
-    first of them is ready, the page reloads (and is built with it, as any page: a table
-    added to a page already shown, then resized by what follows it, can break Tabulator)."""
+def follow_loads(pending: list[TreeLoad], page, workspace: Workspace) -> None:
+    """While trees are still being catalogued: their progress at the top of the page.
+
+    A page that shows no tree yet reloads once the first is ready (and is built with it, as
+    any page: a table added to a page already shown, then resized by what follows it, can
+    break Tabulator). A page that already shows a tree is never reloaded under its visitor:
+    the later trees join its run list, in the order given, as they become ready."""
     status = notice("", kind="info", css_classes=["ckptview-loading"])
     page.main = [status, *page.main]
     location = pn.state.location
+    empty = not workspace.runs
+    reloading = False
 
     def reload() -> None:
         location.reload = True  # the browser reloads; the new page has the tree
 
     def check() -> None:
-        if pending[0].finished:  # once the page is up (a change it would not see before)
-            pn.state.onload(reload)
+        nonlocal reloading
+        if empty:
+            if pending[0].finished and not reloading:  # once the page is up
+                reloading = True
+                pn.state.onload(reload)
         else:
+            while pending and pending[0].finished:
+                load = pending.pop(0)
+                try:
+                    workspace.add(load.result(), show=False)
+                except Exception as e:  # noqa: BLE001 - shown on the page, above the tabs
+                    problem = notice(f"{md_code(load.url)}: {md_error(e)}", kind="danger")
+                    page.main = [*page.main[:-1], problem, page.main[-1]]
+        if not pending:
+            status.visible = False
+        elif not reloading:
             set_notice(status, "\n\n".join(p.describe() for p in pending), "info")
 
     doc = pn.state.curdoc
@@ -309,7 +330,7 @@ def follow_loads(pending: list[TreeLoad], page) -> None:
     def notify() -> None:  # from a loading thread: the page is updated on its own event loop
         doc.add_next_tick_callback(check)
 
-    for load in pending:
+    for load in list(pending):
         load.follow(notify)
     check()
 
