@@ -284,14 +284,15 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
     )  # fmt: skip
     own_busy(page)
     if pending:
-        follow_loads(list(pending), page, workspace)
+        follow_loads(pending, page, workspace)
     if served:
         pn.state.on_session_destroyed(release_on_end(page, dashboard))
     return page
 
 
 def follow_loads(pending: list[TreeLoad], page, workspace: Workspace) -> None:
-    """While trees are still being catalogued: their progress at the top of the page.
+    """While the trees ``pending`` (taken off as they join) are still being catalogued: their
+    progress at the top of the page.
 
     A page that shows no tree yet reloads once the first is ready (and is built with it, as
     any page: a table added to a page already shown, then resized by what follows it, can
@@ -330,7 +331,7 @@ def follow_loads(pending: list[TreeLoad], page, workspace: Workspace) -> None:
     def notify() -> None:  # from a loading thread: the page is updated on its own event loop
         doc.add_next_tick_callback(check)
 
-    for load in list(pending):
+    for load in pending:  # check() takes them off, on the event loop, after this loop
         load.follow(notify)
     check()
 
