@@ -12,6 +12,11 @@ peer (``benchmarks/peer_table_app.py``). Measured for each, in one run:
   the server process's CPU seconds per page (everything it does for one visitor: the page,
   its resources, the WebSocket session) and the time from navigation to the first serial row;
 * ``--gets`` page GETs at once (threads): latency p50 / p95;
+* ``--sessions`` visitors at once, ``--waves`` times, each asking the server exactly what a
+  browser asks (the page, then over its WebSocket the document, then ``document_ready``) but
+  drawing nothing: the time until the document holding the first rows has arrived and until
+  the parts drawn after it have, p50 / p95 (20 people open the page from their own machines;
+  the server's cores serve them alone);
 * ``--sessions`` Chromium pages opened at once, ``--waves`` times: time from navigation to the
   first serial row, p50 / p95 (Chromium renders on the same 2 cores as the server);
 * the dashboard's RSS before any session, after each wave (all closed) once Bokeh discarded
@@ -24,11 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import re
 import statistics
 import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -44,8 +52,11 @@ from ckptview.demo import write_demo  # noqa: E402
 
 PEER = ROOT / "benchmarks" / "peer_table_app.py"
 ROWS = ".ckptview-serials .tabulator-row"
-#: Bokeh discards a closed session after it has been unused this long (ms), checked this often
-LIFETIME = ["--unused-session-lifetime", "2000", "--check-unused-sessions", "1000"]
+#: Bokeh discards a session unused this long (ms; its default), checked this often. Not shorter:
+#: under load a page's WebSocket may come more than a few seconds after its GET, and a session
+#: discarded meanwhile is built a second time (a 2 s lifetime doubled the server's work here)
+LIFETIME = ["--unused-session-lifetime", "15000", "--check-unused-sessions", "1000"]
+DISCARDED = 17  # seconds after the last page closed: every session discarded
 
 
 def rss_mib(pid: int) -> float:
@@ -74,6 +85,55 @@ def gets(url: str, n: int) -> list[float]:
         return list(pool.map(one, range(n)))
 
 
+async def _message(ws) -> tuple[dict, str]:
+    """One Bokeh protocol message: header, metadata, content, then (header, bytes) per buffer."""
+    header = json.loads(await ws.read_message())
+    await ws.read_message()
+    content = await ws.read_message()
+    for _ in range(header.get("num_buffers", 0) * 2):
+        await ws.read_message()
+    return header, content
+
+
+async def _send(ws, msgtype: str, content: dict) -> None:
+    await ws.write_message(json.dumps({"msgid": uuid.uuid4().hex, "msgtype": msgtype}))
+    await ws.write_message("{}")
+    await ws.write_message(json.dumps(content))
+
+
+#: what BokehJS sends once a page has rendered (the page then draws its late parts)
+READY = {"events": [{"kind": "MessageSent", "msg_type": "bokeh_event", "msg_data": {
+    "type": "event", "name": "document_ready", "values": {"type": "map"}}}]}  # fmt: skip
+
+
+async def visit(url: str, late: bool) -> tuple[float, float]:
+    """What a browser asks of the server for one page, drawing nothing: seconds until the
+    document (with the first rows) has arrived, and until the parts drawn after the page said
+    it is ready have (``late``: the app draws some; else until the server acknowledged)."""
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.websocket import websocket_connect
+
+    t = time.perf_counter()
+    page = await AsyncHTTPClient().fetch(url, request_timeout=600)
+    token = re.search(r'"token":"([^"]+)"', page.body.decode()).group(1)
+    ws = await websocket_connect(url.replace("http", "ws", 1) + "/ws", connect_timeout=600,
+                                 subprotocols=["bokeh", token])  # fmt: skip
+    try:
+        await _message(ws)  # ACK
+        await _send(ws, "PULL-DOC-REQ", {})
+        while (await _message(ws))[0]["msgtype"] != "PULL-DOC-REPLY":
+            pass
+        document = time.perf_counter() - t
+        await _send(ws, "PATCH-DOC", READY)
+        while True:
+            header, _ = await _message(ws)
+            if header["msgtype"] == ("PATCH-DOC" if late else "OK"):
+                break
+        return document, time.perf_counter() - t
+    finally:
+        ws.close()
+
+
 async def first_row(browser, url: str) -> float:
     """Seconds from navigation to the first serial row, in a fresh context."""
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
@@ -90,7 +150,7 @@ async def first_row(browser, url: str) -> float:
         await context.close()
 
 
-async def measure(app: Path, tree: Path, args, browser) -> dict:
+async def measure(app: Path, tree: Path, args, browser, late: bool) -> dict:
     server = Server([str(tree)], extra=["--warm", *LIFETIME], app_args=["--poll", "0"],
                     timeout=600, app=app)  # fmt: skip
     pid = server.proc.pid
@@ -104,19 +164,32 @@ async def measure(app: Path, tree: Path, args, browser) -> dict:
         out["alone"] = alone
         await asyncio.sleep(4)
         out["gets"] = await asyncio.to_thread(gets, server.url, args.gets)
-        await asyncio.sleep(4)  # the GETs' sessions discarded
+        await asyncio.sleep(DISCARDED)  # the GETs' sessions discarded
+        visits: list[tuple[float, float]] = []
+        for _ in range(args.waves):
+            visits += await asyncio.gather(*(visit(server.url, late)
+                                             for _ in range(args.sessions)))  # fmt: skip
+            await asyncio.sleep(DISCARDED)
+        out["visits"] = visits
         loads: list[float] = []
         after = [rss_mib(pid)]
         for _ in range(args.waves):
             loads += await asyncio.gather(*(first_row(browser, server.url)
                                             for _ in range(args.sessions)))  # fmt: skip
-            await asyncio.sleep(4)  # closed sessions discarded (LIFETIME)
+            await asyncio.sleep(DISCARDED)  # closed sessions discarded (LIFETIME)
             after.append(rss_mib(pid))
         out["sessions"] = loads
         out["rss"] = [base, *after]
     finally:
         server.stop()
     return out
+
+
+def visits_row(name: str, r: dict) -> list[str]:
+    document = [v[0] for v in r["visits"]]
+    whole = [v[1] for v in r["visits"]]
+    return [name, f"{statistics.median(document):.2f} / {pct(document, .95):.2f}",
+            f"{statistics.median(whole):.2f} / {pct(whole, .95):.2f}", str(len(document))]
 
 
 def row(name: str, r: dict, args) -> list[str]:
@@ -139,8 +212,9 @@ async def run(args) -> None:
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            for name, app in (("ckptview", APP), ("one Tabulator (peer)", PEER)):
-                results[name] = await measure(app, tree, args, browser)
+            for name, app, late in (("ckptview", APP, True),
+                                    ("one Tabulator (peer)", PEER, False)):  # fmt: skip
+                results[name] = await measure(app, tree, args, browser, late)
         finally:
             await browser.close()
     print(f"\n{args.pages} pages one after another; {args.gets} GETs at once; "
@@ -153,11 +227,20 @@ async def run(args) -> None:
     print("|---|---:|---:|---:|---:|---|---:|")
     for name, r in results.items():
         print("| " + " | ".join(row(name, r, args)) + " |")
+    print(f"\n{args.waves} waves of {args.sessions} visitors at once asking what a browser asks "
+          "(page, document, document_ready), drawing nothing\n")
+    print("| app | document with the first rows: p50 / p95 (s) | whole page, late parts "
+          "included: p50 / p95 (s) | loads |")
+    print("|---|---:|---:|---:|")
+    for name, r in results.items():
+        print("| " + " | ".join(visits_row(name, r)) + " |")
     ours, peer = results["ckptview"], results["one Tabulator (peer)"]
     print(f"\nratios to the peer: CPU per page {ours['cpu'] / peer['cpu']:.2f}×, first row alone "
           f"{statistics.median(ours['alone']) / statistics.median(peer['alone']):.2f}×, "
           f"p95 under {args.sessions} sessions "
-          f"{pct(ours['sessions'], .95) / pct(peer['sessions'], .95):.2f}×")
+          f"{pct(ours['sessions'], .95) / pct(peer['sessions'], .95):.2f}×, p95 of the document "
+          f"under {args.sessions} visitors "
+          f"{pct([v[0] for v in ours['visits']], .95) / pct([v[0] for v in peer['visits']], .95):.2f}×")
 
 
 def main(argv=None) -> None:

@@ -14,11 +14,11 @@ from bokeh.models import BasicTicker
 import ckptview as cv
 from ckptview.demo import write_demo
 from ckptview.widgets import RestoreView, RetentionView, Workspace
-from ckptview.widgets._format import fmt_cosine, md_problem
+from ckptview.widgets._format import STATUS_COLORS, fmt_cosine, md_problem
 from ckptview.widgets.compare import diff_frame
 from ckptview.widgets.guard import AccessRefused, Guard
 from ckptview.widgets.retention import DONE_SHOWN
-from ckptview.widgets.serials import SerialsTable
+from ckptview.widgets.serials import TIMELINE, SerialsTable
 
 SERIALS = 4
 
@@ -109,21 +109,31 @@ def test_the_timeline_offers_what_the_tree_records_on_whole_number_ticks(cat):
     for choice in ("epoch", "step", "variables", "files"):
         view.y = choice
         plot = view.timeline()
-        assert plot.opts.get().kwargs["xlabel"] == "serial"
-        assert isinstance(plot.opts.get().kwargs["yticks"], BasicTicker)
-        assert plot.opts.get().kwargs["yticks"].min_interval == 1
+        assert plot.xaxis[0].axis_label == "serial"
+        assert isinstance(plot.yaxis[0].ticker, BasicTicker)
+        assert plot.yaxis[0].ticker.min_interval == 1
+        shown = plot.renderers[-1].data_source.data
+        expected = view.frame[TIMELINE[choice]].astype("float64")
+        assert list(shown["y"]) == list(expected)
+        assert list(shown["serial"]) == list(view.frame["serial"])
     view.y = "size"
-    assert view.timeline().opts.get().kwargs["xticks"].min_interval == 1
+    plot = view.timeline()
+    assert plot.xaxis[0].ticker.min_interval == 1
+    mib = (view.frame["nbytes"].astype("float64") / 2**20).tolist()
+    assert list(plot.renderers[-1].data_source.data["y"]) == mib
+    colors = plot.renderers[-1].data_source.data["color"]
+    assert colors[-1] == STATUS_COLORS[str(view.frame["status"].iloc[-1])]
 
 
 def test_one_serial_is_plotted_around_its_own_values(tmp_path):
     one = cv.open(write_demo(tmp_path / "one", serials=1).root)
     view = SerialsTable(one, poll_seconds=0)
-    opts = view.timeline().opts.get().kwargs
+    plot = view.timeline()
     serial = int(one.serials.index[0])
-    assert opts["xlim"] == (serial - 0.5, serial + 0.5)  # one tick: the serial's own
+    assert (plot.x_range.start, plot.x_range.end) == (serial - 0.5, serial + 0.5)  # its tick
     mib = float(one.serials["nbytes"].iloc[0]) / 2**20
-    assert opts["ylim"][0] < mib < opts["ylim"][1] and opts["ylim"][0] > 0
+    assert plot.y_range.start < mib < plot.y_range.end and plot.y_range.start > 0
     view.y = "epoch"
     epoch = float(one.serials["epoch"].iloc[0])
-    assert view.timeline().opts.get().kwargs["ylim"] == (epoch - 0.5, epoch + 0.5)
+    plot = view.timeline()
+    assert (plot.y_range.start, plot.y_range.end) == (epoch - 0.5, epoch + 0.5)

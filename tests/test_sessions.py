@@ -7,10 +7,14 @@ once Bokeh has discarded their sessions, no dashboard of theirs may be left aliv
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import json
+import re
 import socket
 import time
 import urllib.request
+import uuid
 import weakref
 from collections import Counter
 
@@ -31,8 +35,9 @@ from ckptview.widgets.restore import RestoreView
 from ckptview.widgets.retention import RetentionView
 
 #: Bokeh models of a demo page: 288 when every view was built at once, 243 with the Browse tab
-#: only, ~165 now (columns share their editor and formatter, the serials table holds only its
-#: shown columns, the verify table waits for a verify, the totals are plain tables); a margin
+#: only, 157 now (columns share their editor and formatter, the serials table holds only its
+#: shown columns, the verify table waits for a verify, the totals are plain tables, the
+#: timeline is a plain Bokeh figure); a margin
 #: for library versions, none for a second tab built eagerly (Compare alone is ~70 models)
 MAX_MODELS = 175
 #: served, the timeline, the variables and the tree picker join once the page is up: what
@@ -98,6 +103,74 @@ def test_a_served_page_sends_the_serials_first(demo):
         assert len(models) <= MAX_SERVED_MODELS, (len(models), kinds.most_common(12))
     finally:
         server.stop()
+
+
+async def _message(ws) -> tuple[dict, str]:
+    """One Bokeh protocol message: header, metadata, content, then (header, bytes) per buffer."""
+    header = json.loads(await ws.read_message())
+    await ws.read_message()
+    content = await ws.read_message()
+    for _ in range(header.get("num_buffers", 0) * 2):
+        await ws.read_message()
+    return header, content
+
+
+async def _send(ws, msgtype: str, content: dict) -> None:
+    await ws.write_message(json.dumps({"msgid": uuid.uuid4().hex, "msgtype": msgtype}))
+    await ws.write_message("{}")
+    await ws.write_message(json.dumps(content))
+
+
+async def _late_messages(url: str, quiet: float = 3.0) -> list[str]:
+    """As a browser: the page, its document, then ``document_ready`` (what BokehJS sends once
+    it has rendered); the PATCH-DOC contents the server sends after it, until ``quiet``."""
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.websocket import websocket_connect
+
+    page = await AsyncHTTPClient().fetch(url, request_timeout=120)
+    token = re.search(r'"token":"([^"]+)"', page.body.decode()).group(1)
+    ws = await websocket_connect(url.replace("http", "ws", 1) + "/ws",
+                                 subprotocols=["bokeh", token])  # fmt: skip
+    try:
+        await _message(ws)  # ACK
+        await _send(ws, "PULL-DOC-REQ", {})
+        while (await _message(ws))[0]["msgtype"] != "PULL-DOC-REPLY":
+            pass
+        await _send(ws, "PATCH-DOC", {"events": [{
+            "kind": "MessageSent", "msg_type": "bokeh_event",
+            "msg_data": {"type": "event", "name": "document_ready", "values": {"type": "map"}},
+        }]})  # fmt: skip
+        patches = []
+        while True:
+            try:
+                header, content = await asyncio.wait_for(_message(ws), quiet)
+            except asyncio.TimeoutError:
+                return patches
+            if header["msgtype"] == "PATCH-DOC":
+                patches.append(content)
+    finally:
+        ws.close()
+
+
+def test_the_parts_drawn_after_the_first_paint_come_in_one_message(demo):
+    """Once the page says it is ready, the timeline, the variables and the tree picker are
+    built in one batch: one walk of the document's models and one message to the browser
+    (three separate fills cost a walk and a message each)."""
+    appmod.shared_catalog(str(demo))  # catalogued before the first page, as with --warm
+    port = free_port()
+    server = pn.serve({"app": lambda: build_app([str(demo)], poll_seconds=0)}, port=port,
+                      address="127.0.0.1", threaded=True, show=False,
+                      websocket_origin=[f"127.0.0.1:{port}"])  # fmt: skip
+    try:
+        wait_listening(port)
+        patches = asyncio.run(_late_messages(f"http://127.0.0.1:{port}/app"))
+    finally:
+        server.stop()
+    assert len(patches) == 1, [p[:200] for p in patches]
+    late = patches[0]
+    for part in ('"name":"Figure"', '"name":"panel.models.widgets.TextInput"',
+                 '"ckptview-variables"'):
+        assert part in late, part  # the timeline, the picker's fields, the variables table
 
 
 def wait_listening(port: int, timeout: float = 60) -> None:

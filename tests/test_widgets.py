@@ -451,18 +451,18 @@ def test_restore_tab_exports_safetensors(tmp_path):
 
 
 def test_timeline_shows_bytes_by_kind():
-    import holoviews as hv
-
     from ckptview.widgets.serials import BY_KIND
 
     view = SerialsTable(cv.open(corpus_path("llm/deepspeed_zero")), poll_seconds=0)
     assert BY_KIND in view.param.y.objects
     view.y = BY_KIND
     plot = view.timeline()
-    assert isinstance(plot, hv.Bars)
-    data = plot.data
-    opt = data[data["kind"] == "optimizer"]["bytes"].tolist()
-    assert opt == list(view.catalog.usage()["optimizer"])
+    usage = view.catalog.usage()
+    data = plot.renderers[0].data_source.data
+    assert list(data["serial"]) == [str(s) for s in usage.index]
+    assert list(data["optimizer bytes"]) == list(usage["optimizer"].astype("float64"))
+    assert len(plot.renderers) == len(usage.columns)  # one stacked bar per kind
+    assert [item.label.value for item in plot.legend[0].items] == list(usage.columns)
 
 
 # -- names from a tree are text on the page ----------------------------------------------------

@@ -139,23 +139,41 @@ def served() -> bool:
     return doc is not None and doc.session_context is not None
 
 
+#: the attribute of a served Document still being built: the fills :func:`draw_later` queued
+#: for it (on the Document itself: they go when it goes, even if the page never got ready)
+_LATER = "_ckptview_draw_later"
+
+
 def draw_later(area: pn.layout.ListLike, make: Callable[[], Any]) -> None:
     """Fill ``area`` with ``make()``: served, while a page is first built, once it is up;
     otherwise (a notebook, a page already shown) at once.
 
     The first page paints sooner without the parts below its first table (the plot, the
     variables, the tree picker), built on the next turn of the event loop after the page said
-    it is ready. Content that joins a page already shown is built whole: a table shown and
-    resized by content arriving a moment later (before Tabulator built it) breaks the page."""
+    it is ready, all in one batch: one walk of the document's models and one message to the
+    browser for all of them. Content that joins a page already shown is built whole: a table
+    shown and resized by content arriving a moment later (before Tabulator built it) breaks
+    the page."""
     if not served() or pn.state.loaded:
         area.objects = [make()]
         return
     doc = pn.state.curdoc
+    queued = getattr(doc, _LATER, None)
+    if queued is None:
+        queued = []
+        setattr(doc, _LATER, queued)
 
-    def fill() -> None:
-        area.objects = [make()]
+        def fill_all() -> None:
+            from panel.io.document import hold
 
-    pn.state.onload(lambda: doc.add_next_tick_callback(fill))
+            fills = getattr(doc, _LATER, [])
+            setattr(doc, _LATER, None)
+            with hold(doc, freeze=True):
+                for target, build in fills:
+                    target.objects = [build()]
+
+        pn.state.onload(lambda: doc.add_next_tick_callback(fill_all))
+    queued.append((area, make))
 
 
 def built_once(method: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import holoviews as hv
 import pandas as pd
 import panel as pn
 import param
 
 import ckptview as cv
 
-from . import plots
+from . import figures
 from ._base import (
     built_once,
     draw_later,
@@ -285,8 +284,7 @@ class SerialsTable(pn.viewable.Viewer):
             self._callback.period = int(self.poll_seconds * 1000)
 
     # -- view ---------------------------------------------------------------------------------
-    @param.depends("y", "version")
-    def timeline(self) -> hv.Element:
+    def timeline(self):
         """Size (MiB), epoch, step, counts or a metric over step (or over serial where steps
         are unknown or are what is plotted)."""
         f = self.frame.copy()
@@ -294,29 +292,38 @@ class SerialsTable(pn.viewable.Viewer):
         x = "step" if has_steps and self.y not in ("epoch", "step") else "serial"
         if self.y == "size":
             f["MiB"] = f["nbytes"].astype("float64") / 2**20
-            return plots.timeline(f, x, "MiB", "size (MiB)", "serials: size")
+            return figures.timeline(f, x, "MiB", "size (MiB)", "serials: size")
         if self.y == BY_KIND:
-            return plots.usage_bars(self.catalog.usage())
+            return figures.usage_bars(self.catalog.usage())
         if self.y in TIMELINE:
             column = TIMELINE[self.y]
             f[self.y] = pd.to_numeric(f[column], errors="coerce")
-            return plots.timeline(f, x, self.y, self.y, f"serials: {self.y}",
+            return figures.timeline(f, x, self.y, self.y, f"serials: {self.y}",
                                   integer_y=self.y in COUNTS)  # fmt: skip
         m = metrics_wide(self.catalog)
         name = self._metric_y.get(self.y, self.y)
         f[self.y] = [m[name].get(s) if name in m else None for s in f["serial"]]
         f[self.y] = pd.to_numeric(f[self.y], errors="coerce")
-        return plots.timeline(f, x, self.y, self.y, f"serials: {self.y}")
+        return figures.timeline(f, x, self.y, self.y, f"serials: {self.y}")
 
     def __panel__(self):
         self.start_polling()
         return self._layout()
 
+    def _timeline_pane(self) -> pn.pane.Bokeh:
+        """The timeline, drawn again when what it plots or the serials change."""
+        pane = pn.pane.Bokeh(self.timeline(), sizing_mode="stretch_width")
+
+        def redraw(event=None) -> None:
+            pane.object = self.timeline()
+
+        self.param.watch(redraw, ["y", "version"])
+        return pane
+
     @built_once
     def _layout(self):
         plot = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-timeline"])
-        draw_later(plot, lambda: pn.pane.HoloViews(self.timeline, sizing_mode="stretch_width",
-                                                   backend="bokeh"))  # fmt: skip
+        draw_later(plot, self._timeline_pane)
         chooser = pn.widgets.MultiChoice.from_param(
             self.param.columns, label="columns", sizing_mode="stretch_width",
             css_classes=["ckptview-columns"],
