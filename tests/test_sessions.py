@@ -173,6 +173,33 @@ def test_the_parts_drawn_after_the_first_paint_come_in_one_message(demo):
         assert part in late, part  # the timeline, the picker's fields, the variables table
 
 
+def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():
+    """One part drawn after the first paint raising does not keep the others off the page."""
+    from ckptview.widgets._base import draw_later
+
+    def app():
+        broken, fine = pn.Column(), pn.Column()
+
+        def fail():
+            raise OSError("the storage went away")
+
+        draw_later(broken, fail)
+        draw_later(fine, lambda: pn.pane.Markdown("drawn after the first paint"))
+        return pn.Column(broken, fine)
+
+    port = free_port()
+    server = pn.serve({"app": app}, port=port, address="127.0.0.1", threaded=True, show=False,
+                      websocket_origin=[f"127.0.0.1:{port}"])  # fmt: skip
+    try:
+        wait_listening(port)
+        patches = asyncio.run(_late_messages(f"http://127.0.0.1:{port}/app"))
+    finally:
+        server.stop()
+    late = "".join(patches)
+    assert "drawn after the first paint" in late
+    assert "Could not draw this part:" in late and "the storage went away" in late
+
+
 def wait_listening(port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while True:  # listening (no page asked for: each GET of the page is a session)

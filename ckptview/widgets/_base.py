@@ -170,7 +170,12 @@ def draw_later(area: pn.layout.ListLike, make: Callable[[], Any]) -> None:
             setattr(doc, _LATER, None)
             with hold(doc, freeze=True):
                 for target, build in fills:
-                    target.objects = [build()]
+                    try:
+                        target.objects = [build()]
+                    except Exception as e:  # noqa: BLE001 - the other parts still drawn
+                        from ._format import md_problem
+
+                        target.objects = [notice(md_problem(e, "draw this part"), "danger")]
 
         pn.state.onload(lambda: doc.add_next_tick_callback(fill_all))
     queued.append((area, make))
