@@ -29,14 +29,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import re
 import statistics
 import sys
 import tempfile
 import time
 import urllib.request
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,6 +42,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bokeh_client import READY, message, open_document, send  # noqa: E402
 from conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from test_browser_app import APP, Server  # noqa: E402
 
@@ -85,48 +83,17 @@ def gets(url: str, n: int) -> list[float]:
         return list(pool.map(one, range(n)))
 
 
-async def _message(ws) -> tuple[dict, str]:
-    """One Bokeh protocol message: header, metadata, content, then (header, bytes) per buffer."""
-    header = json.loads(await ws.read_message())
-    await ws.read_message()
-    content = await ws.read_message()
-    for _ in range(header.get("num_buffers", 0) * 2):
-        await ws.read_message()
-    return header, content
-
-
-async def _send(ws, msgtype: str, content: dict) -> None:
-    await ws.write_message(json.dumps({"msgid": uuid.uuid4().hex, "msgtype": msgtype}))
-    await ws.write_message("{}")
-    await ws.write_message(json.dumps(content))
-
-
-#: what BokehJS sends once a page has rendered (the page then draws its late parts)
-READY = {"events": [{"kind": "MessageSent", "msg_type": "bokeh_event", "msg_data": {
-    "type": "event", "name": "document_ready", "values": {"type": "map"}}}]}  # fmt: skip
-
-
 async def visit(url: str, late: bool) -> tuple[float, float]:
     """What a browser asks of the server for one page, drawing nothing: seconds until the
     document (with the first rows) has arrived, and until the parts drawn after the page said
     it is ready have (``late``: the app draws some; else until the server acknowledged)."""
-    from tornado.httpclient import AsyncHTTPClient
-    from tornado.websocket import websocket_connect
-
     t = time.perf_counter()
-    page = await AsyncHTTPClient().fetch(url, request_timeout=600)
-    token = re.search(r'"token":"([^"]+)"', page.body.decode()).group(1)
-    ws = await websocket_connect(url.replace("http", "ws", 1) + "/ws", connect_timeout=600,
-                                 subprotocols=["bokeh", token])  # fmt: skip
+    ws = await open_document(url)
     try:
-        await _message(ws)  # ACK
-        await _send(ws, "PULL-DOC-REQ", {})
-        while (await _message(ws))[0]["msgtype"] != "PULL-DOC-REPLY":
-            pass
         document = time.perf_counter() - t
-        await _send(ws, "PATCH-DOC", READY)
+        await send(ws, "PATCH-DOC", READY)
         while True:
-            header, _ = await _message(ws)
+            header, _ = await message(ws)
             if header["msgtype"] == ("PATCH-DOC" if late else "OK"):
                 break
         return document, time.perf_counter() - t

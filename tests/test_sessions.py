@@ -8,13 +8,11 @@ once Bokeh has discarded their sessions, no dashboard of theirs may be left aliv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
-import json
-import re
 import socket
 import time
 import urllib.request
-import uuid
 import weakref
 from collections import Counter
 
@@ -22,6 +20,7 @@ import panel as pn
 import panel_material_ui as pmui
 import pytest
 from bokeh.document import Document
+from bokeh_client import READY, message, open_document, send
 from conftest import free_port
 from panel.io.state import set_curdoc
 
@@ -89,61 +88,25 @@ def test_a_served_page_sends_the_serials_first(demo):
     (``document_ready``, which this client never sends)."""
     from bokeh.client import pull_session
 
-    port = free_port()
-    server = pn.serve({"app": lambda: build_app([str(demo)], poll_seconds=0)}, port=port,
-                      address="127.0.0.1", threaded=True, show=False,
-                      websocket_origin=[f"127.0.0.1:{port}"])  # fmt: skip
-    try:
-        wait_listening(port)
-        with pull_session(url=f"http://127.0.0.1:{port}/app") as session:
-            models = list(session.document.models)
-        kinds = Counter(type(m).__name__ for m in models)
-        assert kinds["DataTabulator"] == 1 and kinds["Figure"] + kinds["figure"] == 0, kinds
-        assert kinds["TextInput"] == 0  # the picker's and the variables' filters wait
-        assert len(models) <= MAX_SERVED_MODELS, (len(models), kinds.most_common(12))
-    finally:
-        server.stop()
-
-
-async def _message(ws) -> tuple[dict, str]:
-    """One Bokeh protocol message: header, metadata, content, then (header, bytes) per buffer."""
-    header = json.loads(await ws.read_message())
-    await ws.read_message()
-    content = await ws.read_message()
-    for _ in range(header.get("num_buffers", 0) * 2):
-        await ws.read_message()
-    return header, content
-
-
-async def _send(ws, msgtype: str, content: dict) -> None:
-    await ws.write_message(json.dumps({"msgid": uuid.uuid4().hex, "msgtype": msgtype}))
-    await ws.write_message("{}")
-    await ws.write_message(json.dumps(content))
+    app = lambda: build_app([str(demo)], poll_seconds=0)  # noqa: E731
+    with serving(app) as url, pull_session(url=url) as session:
+        models = list(session.document.models)
+    kinds = Counter(type(m).__name__ for m in models)
+    assert kinds["DataTabulator"] == 1 and kinds["Figure"] + kinds["figure"] == 0, kinds
+    assert kinds["TextInput"] == 0  # the picker's and the variables' filters wait
+    assert len(models) <= MAX_SERVED_MODELS, (len(models), kinds.most_common(12))
 
 
 async def _late_messages(url: str, quiet: float = 3.0) -> list[str]:
-    """As a browser: the page, its document, then ``document_ready`` (what BokehJS sends once
-    it has rendered); the PATCH-DOC contents the server sends after it, until ``quiet``."""
-    from tornado.httpclient import AsyncHTTPClient
-    from tornado.websocket import websocket_connect
-
-    page = await AsyncHTTPClient().fetch(url, request_timeout=120)
-    token = re.search(r'"token":"([^"]+)"', page.body.decode()).group(1)
-    ws = await websocket_connect(url.replace("http", "ws", 1) + "/ws",
-                                 subprotocols=["bokeh", token])  # fmt: skip
+    """As a browser: the page, its document, then ``document_ready``; the PATCH-DOC contents
+    the server sends after it, until ``quiet`` seconds pass without one."""
+    ws = await open_document(url, timeout=120)
     try:
-        await _message(ws)  # ACK
-        await _send(ws, "PULL-DOC-REQ", {})
-        while (await _message(ws))[0]["msgtype"] != "PULL-DOC-REPLY":
-            pass
-        await _send(ws, "PATCH-DOC", {"events": [{
-            "kind": "MessageSent", "msg_type": "bokeh_event",
-            "msg_data": {"type": "event", "name": "document_ready", "values": {"type": "map"}},
-        }]})  # fmt: skip
+        await send(ws, "PATCH-DOC", READY)
         patches = []
         while True:
             try:
-                header, content = await asyncio.wait_for(_message(ws), quiet)
+                header, content = await asyncio.wait_for(message(ws), quiet)
             except asyncio.TimeoutError:
                 return patches
             if header["msgtype"] == "PATCH-DOC":
@@ -152,20 +115,26 @@ async def _late_messages(url: str, quiet: float = 3.0) -> list[str]:
         ws.close()
 
 
+@contextlib.contextmanager
+def serving(app, **kwargs):
+    """``app`` served by ``pn.serve`` in a thread on a free loopback port; its URL."""
+    port = free_port()
+    server = pn.serve({"app": app}, port=port, address="127.0.0.1", threaded=True, show=False,
+                      websocket_origin=[f"127.0.0.1:{port}"], **kwargs)  # fmt: skip
+    try:
+        wait_listening(port)
+        yield f"http://127.0.0.1:{port}/app"
+    finally:
+        server.stop()
+
+
 def test_the_parts_drawn_after_the_first_paint_come_in_one_message(demo):
     """Once the page says it is ready, the timeline, the variables and the tree picker are
     built in one batch: one walk of the document's models and one message to the browser
     (three separate fills cost a walk and a message each)."""
     appmod.shared_catalog(str(demo))  # catalogued before the first page, as with --warm
-    port = free_port()
-    server = pn.serve({"app": lambda: build_app([str(demo)], poll_seconds=0)}, port=port,
-                      address="127.0.0.1", threaded=True, show=False,
-                      websocket_origin=[f"127.0.0.1:{port}"])  # fmt: skip
-    try:
-        wait_listening(port)
-        patches = asyncio.run(_late_messages(f"http://127.0.0.1:{port}/app"))
-    finally:
-        server.stop()
+    with serving(lambda: build_app([str(demo)], poll_seconds=0)) as url:
+        patches = asyncio.run(_late_messages(url))
     assert len(patches) == 1, [p[:200] for p in patches]
     late = patches[0]
     for part in ('"name":"Figure"', '"name":"panel.models.widgets.TextInput"',
@@ -187,14 +156,8 @@ def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():
         draw_later(fine, lambda: pn.pane.Markdown("drawn after the first paint"))
         return pn.Column(broken, fine)
 
-    port = free_port()
-    server = pn.serve({"app": app}, port=port, address="127.0.0.1", threaded=True, show=False,
-                      websocket_origin=[f"127.0.0.1:{port}"])  # fmt: skip
-    try:
-        wait_listening(port)
-        patches = asyncio.run(_late_messages(f"http://127.0.0.1:{port}/app"))
-    finally:
-        server.stop()
+    with serving(app) as url:
+        patches = asyncio.run(_late_messages(url))
     late = "".join(patches)
     assert "drawn after the first paint" in late
     assert "Could not draw this part:" in late and "the storage went away" in late
@@ -263,16 +226,11 @@ def test_served_sessions_are_released_when_they_end(demo, monkeypatch):
     # other tests' pages, built without a server, stay registered: only this test's count
     views_before = set(pn.state._views)
     busy_before = len(pn.state.param.watchers.get("busy", {}).get("value", []))
-    port = free_port()
-    server = pn.serve({"app": app}, port=port, address="127.0.0.1", threaded=True, show=False,
-                      websocket_origin=[f"127.0.0.1:{port}"],
-                      unused_session_lifetime_milliseconds=300,
-                      check_unused_sessions_milliseconds=200)  # fmt: skip
-    try:
-        wait_listening(port)
+    with serving(app, unused_session_lifetime_milliseconds=300,
+                 check_unused_sessions_milliseconds=200) as url:  # fmt: skip
         n = 6
         for _ in range(n):
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/app", timeout=300) as r:
+            with urllib.request.urlopen(url, timeout=300) as r:
                 assert r.status == 200 and b"bokeh" in r.read()
         assert len(dashboards) == n
         deadline = time.monotonic() + 60
@@ -289,5 +247,3 @@ def test_served_sessions_are_released_when_they_end(demo, monkeypatch):
         assert set(pn.state._views) <= views_before  # no served session's models left there
         busy = pn.state.param.watchers.get("busy", {}).get("value", [])
         assert len(busy) <= busy_before  # no served page still follows pn.state.busy
-    finally:
-        server.stop()

@@ -19,6 +19,7 @@ import param
 import ckptview as cv
 from ckptview.tree import Tree
 
+from ._format import md_problem
 from .guard import Guard
 
 #: tables in either theme: compact (more specific than the Tabulator theme's own sheet, which
@@ -173,8 +174,6 @@ def draw_later(area: pn.layout.ListLike, make: Callable[[], Any]) -> None:
                     try:
                         target.objects = [build()]
                     except Exception as e:  # noqa: BLE001 - the other parts still drawn
-                        from ._format import md_problem
-
                         target.objects = [notice(md_problem(e, "draw this part"), "danger")]
 
         pn.state.onload(lambda: doc.add_next_tick_callback(fill_all))
