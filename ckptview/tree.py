@@ -35,8 +35,9 @@ class Tree:
         #: the listing's paths sorted, and the entries they were sorted from
         self._sorted: list[str] = []
         self._sorted_of: dict | None = None
-        #: (kind, depth) -> the whole tree's files or dirs, for the sorted listing above
-        self._selected: dict[tuple, list[str]] = {}
+        #: (kind, depth) -> the whole tree's files or dirs, for the sorted listing above (and
+        #: what ``per_listing`` keeps for it)
+        self._selected: dict[tuple, Any] = {}
 
     @classmethod
     def at(cls, storage: Storage, path: str) -> Tree:
@@ -133,6 +134,14 @@ class Tree:
             self._selected[(kind, depth)] = out
             return list(out)
         return out
+
+    def per_listing(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` once per listing: a layout's parse of the whole tree, asked by
+        detection and again by the scan; made again when the listing changes."""
+        self._below("")  # re-sorts, and forgets what was kept, when the listing changed
+        if key not in self._selected:
+            self._selected[key] = make()
+        return self._selected[key]
 
     def children(self, under: str = "") -> list[str]:
         """Names (not paths) directly below ``under``: files and directories."""

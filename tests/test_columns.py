@@ -159,3 +159,112 @@ def test_local_walk_matches_fsspec_find(tmp_path):
     want.pop(str(tmp_path), None)
     got = local_find(str(tmp_path))
     assert got == want and list(got) == list(want)
+
+
+# -- the small-header loop against the column-wise pass -----------------------------------------
+def _headers() -> list[tuple[str, dict, int, int]]:
+    """(name, header, data start, file size) of every safetensors file of the corpus and the
+    wild whose header parses."""
+    from conftest import CORPUS, WILD
+
+    out = []
+    for path in sorted(p for root in (CORPUS, WILD) for p in root.rglob("*.safetensors")):
+        data = path.read_bytes()
+        if len(data) < 8:
+            continue
+        n = struct.unpack("<Q", data[:8])[0]
+        try:
+            header = json.loads(data[8 : 8 + n])
+        except ValueError:
+            continue
+        if isinstance(header, dict):
+            out.append((path.name, header, 8 + n, len(data)))
+    assert len(out) >= 20, len(out)  # not vacuous: the corpus and the wild hold dozens
+    return out
+
+
+def _mutations(header: dict, rng) -> list[dict]:
+    """Copies of a header with one entry changed the ways a header can be wrong or unusual."""
+    names = [k for k in header if k != "__metadata__"]
+    if not names:
+        return []
+    out = []
+    bad_values = [
+        ("dtype", "Q9"), ("dtype", ["F32"]), ("dtype", None), ("shape", [-1]), ("shape", [True]),
+        ("shape", [2.0]), ("shape", "2"), ("shape", [2**70]), ("data_offsets", [8, 0]),
+        ("data_offsets", [0]), ("data_offsets", [0, 4, 8]), ("data_offsets", [-4, 0]),
+        ("data_offsets", [2**64, 2**64 + 4]), ("data_offsets", [False, 4]),
+        ("data_offsets", (0, 4)), ("data_offsets", [0, 10**12]), ("shape", []),
+    ]  # fmt: skip
+    for field, value in bad_values:
+        h = json.loads(json.dumps(header))
+        h[rng.choice(names)][field] = value
+        out.append(h)
+    h = json.loads(json.dumps(header))
+    del h[rng.choice(names)]["shape"]
+    out.append(h)
+    h = json.loads(json.dumps(header))
+    h[rng.choice(names)] = [1, 2]
+    out.append(h)
+    if len(names) > 1:  # two tensors on the same bytes
+        h = json.loads(json.dumps(header))
+        a, b = rng.sample(names, 2)
+        h[b] = dict(h[a])
+        out.append(h)
+    sized = [k for k in names if _span_length(header[k]) > 0]
+    if len(names) > 1 and sized:  # one tensor moved one byte into another
+        h = json.loads(json.dumps(header))
+        a = rng.choice(sized)
+        b = rng.choice([k for k in names if k != a])
+        at = h[a]["data_offsets"][1] - 1
+        h[b]["data_offsets"] = [at, at + _span_length(h[b])]
+        out.append(h)
+    h = json.loads(json.dumps(header))  # a zero-size tensor at a shared offset is fine
+    first = h[names[0]]
+    h["zero.size"] = {"dtype": "F32", "shape": [0, 3], "data_offsets": [first["data_offsets"][0]] * 2}
+    out.append(h)
+    return out
+
+
+def _span_length(entry) -> int:
+    try:
+        begin, end = entry["data_offsets"]
+        return end - begin
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def test_small_headers_give_the_columns_of_the_column_wise_pass(monkeypatch):
+    """Every corpus and wild header, and mutated copies of each: the one-loop path for small
+    headers gives None exactly where the numpy pass does, else the same columns."""
+    import random
+
+    from ckptview.codecs import safetensors as st
+
+    rng = random.Random(13)
+
+    class Blob:
+        path = "x.safetensors"
+
+        def __init__(self, size: int):
+            self.size = size
+
+    checked = taken = 0
+    for _name, header, start, size in _headers():
+        for h in [header, *_mutations(header, rng)]:
+            for room in (size, size - 1, start):  # as it is, a byte short, cut after its header
+                monkeypatch.setattr(st, "SMALL_HEADER", 10**9)
+                small = st._columns(Blob(room), h, start)
+                monkeypatch.setattr(st, "SMALL_HEADER", -1)
+                wide = st._columns(Blob(room), h, start)
+                checked += 1
+                assert (small is None) == (wide is None), (_name, h)
+                if small is None:
+                    continue
+                taken += 1
+                for field in ("names", "dtypes", "shapes", "disks", "codes", "meta"):
+                    assert getattr(small, field) == getattr(wide, field), field
+                for field in ("numels", "nbytes", "offsets"):
+                    a, b = getattr(small, field), getattr(wide, field)
+                    assert a.dtype == b.dtype == np.int64 and np.array_equal(a, b), field
+    assert taken >= 30 and checked - taken >= 1000, (checked, taken)  # both answers seen

@@ -50,7 +50,13 @@ class NumberedLayout(Layout):
         return bool(self._files(tree) or self._dirs(tree))
 
     def _files(self, tree: Tree) -> dict[str, Parsed]:
+        """The numbered checkpoint files at the top of the tree (parsed once per listing:
+        detection asks, then the scan; the dict is only read)."""
         suffixes = registry.save_suffixes()
+        return tree.per_listing(("numbered", suffixes), lambda: self._parse_files(tree, suffixes))
+
+    @staticmethod
+    def _parse_files(tree: Tree, suffixes: tuple[str, ...]) -> dict[str, Parsed]:
         out = {}
         for rel in tree.files(depth=1):
             name = posixpath.basename(rel)
