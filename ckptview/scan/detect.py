@@ -13,6 +13,7 @@ from ..model import META_DIR
 from ..registry import LayoutTier
 from ..tree import Tree
 from .cache import resolve
+from .listing import paused_gc
 
 
 class UnknownTreeError(ValueError):
@@ -42,6 +43,11 @@ def detect(tree: Tree, layout: str | None = None, label: str | os.PathLike | Non
     :class:`UnknownTreeError` (naming the tree as ``label``) when no layout recognizes it."""
     if layout is not None:
         return registry.get_layout(layout)
+    with paused_gc:  # the walk and the layouts' scans allocate an object or more per file
+        return _detect(tree, label)
+
+
+def _detect(tree: Tree, label: str | os.PathLike | None) -> Layout:
     package = "ckptview.layouts"
     first = next((c for c in registry.iter_ordered(package) if c.guess_can_open(tree)), None)
     if first is None:

@@ -251,7 +251,7 @@ _STR = pd.api.types.pandas_dtype("str")
 _STR_ARRAY = _STR.construct_array_type()
 
 
-def _strings(values: list[str]) -> Any:
+def _strings(values: list[str]) -> pd.api.extensions.ExtensionArray:
     """A str column (an extension array of :data:`_STR`)."""
     return _STR_ARRAY._from_sequence(np.array(values, dtype=object), dtype=_STR)
 
