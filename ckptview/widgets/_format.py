@@ -9,6 +9,9 @@ from __future__ import annotations
 import html
 import math
 import re
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -138,8 +141,32 @@ def shown_metrics(names) -> list:
     return sorted(names, key=rank)[:MAX_METRIC_COLUMNS]
 
 
+#: (what, id of each table) -> (weak references to the tables, what was made from them)
+_MADE: dict[tuple, tuple[tuple[weakref.ref, ...], Any]] = {}
+
+
+def once_per_tables(what: str, tables: tuple[pd.DataFrame, ...], make: Callable[[], Any]) -> Any:
+    """``make()`` once for these very tables: a served catalog's tables are shared by every
+    session (each page of a 1 M-row tree asked its variables for their kinds again); a
+    refresh makes new tables, and an entry goes when one of its tables goes."""
+    key = (what, *map(id, tables))
+    hit = _MADE.get(key)
+    if hit is not None and all(ref() is t for ref, t in zip(hit[0], tables)):
+        return hit[1]
+    value = make()
+    refs = tuple(weakref.ref(t, lambda _, key=key: _MADE.pop(key, None)) for t in tables)
+    _MADE[key] = (refs, value)
+    return value
+
+
 def serials_frame(cat) -> pd.DataFrame:
-    """``cat.serials`` for the serials table: status, human size, time, epoch, step, metrics."""
+    """``cat.serials`` for the serials table: status, human size, time, epoch, step, metrics
+    (made once per catalog state; a copy each call)."""
+    made = once_per_tables("serials", (cat.serials, cat.metrics), lambda: _serials_frame(cat))
+    return made.copy()
+
+
+def _serials_frame(cat) -> pd.DataFrame:
     df = cat.serials
     out = pd.DataFrame(index=df.index.astype("int64"))
     out["status"] = [serial_status(r) for _, r in df.iterrows()]
@@ -162,6 +189,17 @@ def serials_frame(cat) -> pd.DataFrame:
     out["warning"] = [_text(e) for e in df["warning"]]
     out.index.name = "serial"
     return out.reset_index().astype(object)
+
+
+def filter_choices(variables: pd.DataFrame) -> tuple[list[str], list[str], list[str]]:
+    """The sorted kinds, nodes and dtypes of a variables table (once per table)."""
+
+    def make() -> tuple[list[str], list[str], list[str]]:
+        kinds, nodes, dtypes = (sorted(map(str, variables[c].unique()))
+                                for c in ("kind", "node", "dtype"))  # fmt: skip
+        return kinds, nodes, dtypes
+
+    return once_per_tables("choices", (variables,), make)
 
 
 def variables_frame(cat, serial: int) -> pd.DataFrame:

@@ -9,7 +9,14 @@ import param
 import ckptview as cv
 
 from ._base import built_once, form_row, share_formatter, size_formatter, table
-from ._format import badge, html_choices, human_bytes, totals_frame, variables_frame
+from ._format import (
+    badge,
+    filter_choices,
+    html_choices,
+    human_bytes,
+    totals_frame,
+    variables_frame,
+)
 
 SHOWN = ["name", "node", "kind", "dtype", "shape", "numel", "size", "share", "error"]
 #: fixed widths of the short columns; name, node and error share the rest (and wrap)
@@ -76,11 +83,11 @@ class VariablesTable(pn.viewable.Viewer):
         if v is self._seen:
             return
         self._seen = v
-        nodes = sorted(map(str, v["node"].unique()))  # unique(): fast on a million rows
+        kinds, nodes, dtypes = filter_choices(v)
         # a MultiChoice's dropdown renders its labels as HTML: escaped labels, raw values
-        self.param.kinds.objects = html_choices(sorted(map(str, v["kind"].unique())))
+        self.param.kinds.objects = html_choices(kinds)
         self.param.nodes.objects = html_choices("(shared)" if n == "" else n for n in nodes)
-        self.param.dtypes.objects = html_choices(sorted(map(str, v["dtype"].unique())))
+        self.param.dtypes.objects = html_choices(dtypes)
 
     @param.depends("serial", watch=True)
     def _update_serial(self) -> None:
