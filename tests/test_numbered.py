@@ -136,3 +136,26 @@ def test_truncated_file_makes_its_serial_incomplete(tmp_path):
     assert cat.latest == 10
     assert isinstance(cat.serials.loc[20, "error"], str)
     assert pd.isna(cat.serials.loc[10, "error"])
+
+
+def test_names_are_parsed_once_per_listing(tmp_path, monkeypatch):
+    """Detection and the scan share one parse of the tree's names; a rescan of a changed
+    tree parses the new listing."""
+    from ckptview.layouts import numbered
+
+    calls: list[str] = []
+
+    def counting(stem: str):
+        calls.append(stem)
+        return parse_name(stem)
+
+    monkeypatch.setattr(numbered, "parse_name", counting)
+    for n in (1, 2, 3):
+        np.savez(tmp_path / f"step_{n}.npz", w=np.full(3, n))
+    cat = cv.open(tmp_path, cache=False)
+    assert cat.layout == "numbered" and list(cat.serials.index) == [1, 2, 3]
+    assert sorted(calls) == ["step_1", "step_2", "step_3"]  # once each (was twice)
+    np.savez(tmp_path / "step_4.npz", w=np.full(3, 4))
+    calls.clear()
+    assert list(cat.refresh().serials.index) == [1, 2, 3, 4]
+    assert sorted(calls) == ["step_1", "step_2", "step_3", "step_4"]
