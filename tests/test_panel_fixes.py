@@ -1,4 +1,5 @@
-"""Panel's queued page messages are all sent (``ckptview.widgets._panel_fixes``).
+"""Panel's queued page messages are all sent, and the resources every page lists come from a
+cache that answers as Panel would (``ckptview.widgets._panel_fixes``).
 
 Panel's own writer, driven through its real functions with a socket type registered the way
 Panel's extension point expects: messages queued while an earlier write is awaited, in the
@@ -84,3 +85,55 @@ def test_without_the_fix_panel_strands_them(socket, monkeypatch):
 
 def test_apply_is_idempotent():
     assert _panel_fixes.apply() is False  # already applied on import
+
+
+# -- the resources every page lists --------------------------------------------------------------
+def _bundle() -> tuple:
+    from panel.io.resources import Resources
+
+    r = Resources(mode="server")
+    return r.css_files, r.js_files, r.js_modules, r.css_raw
+
+
+def test_page_resources_come_from_the_cache_and_equal_panels_own(monkeypatch):
+    import panel as pn
+    from panel.io import resources
+    from panel.io.resources import Resources
+
+    pn.extension("tabulator")
+    import ckptview.widgets.app  # noqa: F401 - every component class the dashboard loads
+
+    patched = Resources.extra_resources
+    assert getattr(patched, _panel_fixes._CACHED, False)
+    paths = []  # each class's resource paths, computed by Panel's own listing
+    real = resources.component_resource_path
+    monkeypatch.setattr(resources, "component_resource_path",
+                        lambda *a: paths.append(a) or real(*a))  # fmt: skip
+    cached = _bundle()
+    paths.clear()
+    again = _bundle()
+    assert paths == []  # a page after the first: nothing computed again
+    monkeypatch.setattr(Resources, "extra_resources", patched.__wrapped__)  # Panel's own
+    own = _bundle()
+    assert len(paths) > 50  # … which Panel's own listing does for every page
+    assert cached == again == own
+    assert any("material" in f for f in own[0])  # not vacuous: panel-material-ui's CSS listed
+
+
+def test_a_component_class_made_later_gets_its_resources_listed():
+    from panel.custom import ReactiveHTML
+
+    before = _bundle()[0]
+
+    class LateComponent(ReactiveHTML):  # a component module imported after the first page
+        __css__ = ["https://example.invalid/late-component.css"]  # noqa: RUF012
+        _template = "<div></div>"
+
+    after = _bundle()[0]
+    assert "https://example.invalid/late-component.css" not in before
+    assert "https://example.invalid/late-component.css" in after
+    del LateComponent
+
+
+def test_the_resource_cache_is_applied_once():
+    assert _panel_fixes.cache_component_resources() is False  # already applied at import

@@ -22,6 +22,7 @@ from .trajectory import TrajectoryPlot
 from .variables import VariablesTable
 
 _panel_fixes.apply()
+_panel_fixes.cache_component_resources()
 
 __all__ = [
     "AccessRefused", "CompareView", "Dashboard", "Guard", "RestoreView", "RetentionView",
