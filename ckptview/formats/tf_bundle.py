@@ -233,6 +233,9 @@ def plain_entry(buf: bytes, pos: int, end: int, shapes: dict) -> PlainEntry | No
                 elif buf[pos + 1] < 0x80:  # two bytes: offsets and sizes below 16 KiB
                     x = (x & 0x7F) | (buf[pos + 1] << 7)
                     pos += 2
+                elif buf[pos + 2] < 0x80:  # three bytes: below 2 MiB
+                    x = (x & 0x7F) | ((buf[pos + 1] & 0x7F) << 7) | (buf[pos + 2] << 14)
+                    pos += 3
                 else:
                     x, pos = read_varint(buf, pos)
                 if tag == 0x08:
