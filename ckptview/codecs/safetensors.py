@@ -185,11 +185,9 @@ def _columns(blob: Blob, header: dict, data_start: int) -> VarColumns | None:
         keys = list(map(tuple, raw_shapes))
         numel_of: dict[tuple, int] = {}
         for key in set(keys):  # each distinct shape once
-            numel = 1
-            for d in key:
-                if type(d) is not int or d < 0:
-                    return None
-                numel *= d
+            numel = _dims_numel(key)
+            if numel is None:
+                return None
             numel_of[key] = numel
         canon = {key: key for key in numel_of}  # one tuple per distinct shape
         shapes = list(map(canon.__getitem__, keys))
@@ -217,6 +215,16 @@ def _columns(blob: Blob, header: dict, data_start: int) -> VarColumns | None:
                       codes, "safetensors_dtype", meta)  # fmt: skip
 
 
+def _dims_numel(dims: tuple) -> int | None:
+    """The element count of a shape whose dims are all non-negative ints, else None."""
+    numel = 1
+    for d in dims:
+        if type(d) is not int or d < 0:
+            return None
+        numel *= d
+    return numel
+
+
 #: headers of at most this many entries are checked in one Python loop: below it, the
 #: column-wise pass's fixed cost (a dozen passes, numpy checks) is most of a file's listing
 SMALL_HEADER = 256
@@ -233,8 +241,7 @@ def _small_columns(path: str, names: list[str], entries: list, size: int, data_s
     nbytes: list[int] = []
     disks: list[str] = []
     codes: list[str] = []
-    known: dict[tuple, int] = {}  # shape -> numel, its tuple kept once (as _columns does)
-    canon: dict[tuple, tuple] = {}
+    known: dict[tuple, tuple[int, tuple]] = {}  # shape -> (numel, the one tuple kept for it)
     info_of = _INFO.get
     try:
         for e in entries:
@@ -249,20 +256,17 @@ def _small_columns(path: str, names: list[str], entries: list, size: int, data_s
             begin, end = span
             if type(begin) is not int or type(end) is not int or begin < 0 or end < begin:
                 return None
-            key = tuple(shape)
-            numel = known.get(key)
-            if numel is None:
-                numel = 1
-                for d in key:
-                    if type(d) is not int or d < 0:
-                        return None
-                    numel *= d
-                known[key] = numel
-                canon[key] = key
+            seen = known.get(key := tuple(shape))
+            if seen is None:
+                numel = _dims_numel(key)
+                if numel is None:
+                    return None
+                seen = known[key] = (numel, key)
+            numel, key = seen
             if numel * info[1] != end - begin:
                 return None
             dtypes.append(info[0])
-            shapes.append(canon[key])
+            shapes.append(key)
             numels.append(numel)
             begins.append(begin)
             nbytes.append(end - begin)
