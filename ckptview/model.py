@@ -289,6 +289,17 @@ class TFHints(Hints):
 
 
 @dataclass(frozen=True)
+class TorchHints(Hints):
+    """A ``torch.save`` file (codec ``torch``): how the framework's resume loads it."""
+
+    #: True: the resume reads it with ``torch.load(weights_only=True)``: a pickled global
+    #: outside torch's default allowlist (plus ``extra_globals``) makes the file fail to load
+    weights_only: bool = False
+    #: globals the framework adds for this file (transformers' numpy RNG state allowlist)
+    extra_globals: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class OrbaxHints(Hints):
     """Orbax items (codecs ``orbax`` and ``orbax-json``)."""
 
@@ -317,6 +328,9 @@ class FileRef:
     #: False: the framework's resume path does not read it (HF ``training_args.bin``): its
     #: problems are the serial's ``warning``, never a reason it is not ``loadable``
     required: bool = True
+    #: the tensor names an index (``*.index.json``) puts in this file: its listing must hold
+    #: exactly these (both ways), or the serial does not load; None: no index names them
+    expects: tuple[str, ...] | None = None
 
 
 @dataclass

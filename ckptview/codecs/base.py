@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -67,6 +67,11 @@ class Codec:
     def read_stored(self, blob: Blob, var: VarInfo) -> np.ndarray:
         """A quantized variable's values as stored (its blocks); default: :meth:`read`."""
         return self.read(blob, var)
+
+    def checksums(self, blob: Blob, variables: Sequence[VarInfo]) -> Iterator[tuple[str, str]]:
+        """``(variable name, problem)`` for each checksum the format stores that the bytes fail
+        (deep verify reads them); a format without per-variable checksums yields nothing."""
+        return iter(())
 
     def iter_chunks(self, blob: Blob, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
         """Flat (1-D, C-order) pieces of a variable's values, each about ``max_bytes``."""

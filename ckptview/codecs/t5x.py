@@ -12,6 +12,7 @@ import numpy as np
 
 from ..dtypes import dtype_name
 from ..formats.msgpack import Ext, unpackb
+from ..formats.relpath import join_inside
 from ..formats.small import read_small
 from ..formats.zarr import read_zarr2
 from ..io import Blob
@@ -73,7 +74,8 @@ class T5xCodec(Codec):
                     meta = dict(leaf["metadata"])
                     meta["dtype"] = np.dtype(leaf["dtype"]).str
                     var.dtype, var.shape = dtype_name(np.dtype(leaf["dtype"])), tuple(meta["shape"])
-                    var.locator = (posixpath.join(base, leaf["kvstore"]["path"].rstrip("/")), meta)
+                    where = join_inside(base, str(leaf["kvstore"]["path"]).rstrip("/"))
+                    var.locator = (where, meta)
                 elif isinstance(leaf, (int, float, bool)):
                     arr = np.asarray(leaf)
                     var.dtype, var.locator = dtype_name(arr.dtype), arr

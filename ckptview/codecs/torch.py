@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import np_dtype
+from ..formats.pickle import TORCH_WEIGHTS_ONLY
 from ..formats.pickle_vars import leaf_var, read_locator
 from ..formats.torch_pickle import (
     LEGACY_MAGIC,
@@ -30,7 +31,7 @@ from ..formats.torch_pickle import (
     open_torch,
 )
 from ..io import Blob
-from ..model import Span, VarInfo
+from ..model import Span, TorchHints, VarInfo
 from .base import Codec, CodecTier, PartialRead, iter_span_chunks
 
 SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -58,6 +59,9 @@ class TorchCodec(Codec):
         variables = self._variables(t.obj, blob, t.records, t.big_endian)
         if t.problem:
             raise PartialRead(variables, t.problem)
+        refused = weights_only_refuses(t.globals, TorchHints.of(hints))
+        if refused:
+            raise PartialRead(variables, refused)
         return variables
 
     def _variables(self, obj: Any, blob: Blob, records: dict, big_endian: bool) -> list[VarInfo]:
@@ -107,6 +111,18 @@ class TorchCodec(Codec):
             tail = Span(span.path, offset, rest * dt.itemsize, disk_dtype=span.disk_dtype)
             more = VarInfo(var.name, var.dtype, (rest,), span=tail)
             yield from iter_span_chunks(blob.storage, more, max_bytes)
+
+
+def weights_only_refuses(named: frozenset[str], hints: TorchHints) -> str | None:
+    """Why ``torch.load(weights_only=True)`` would refuse a file naming these globals (None:
+    it loads, or the file is not read that way). Its values stay listed and readable."""
+    if not hints.weights_only:
+        return None
+    outside = sorted(named - TORCH_WEIGHTS_ONLY - set(hints.extra_globals))
+    if not outside:
+        return None
+    shown = ", ".join(outside[:4]) + (f" (+{len(outside) - 4} more)" if len(outside) > 4 else "")
+    return f"torch.load(weights_only=True) refuses global {shown}: the resume cannot load it"
 
 
 def _unchecked(var: VarInfo) -> ZipRecord | None:

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import np_dtype
-from ..formats.pickle import Record, TensorRef, TorchDtype, load_pickle
-from ..formats.torch_pickle import leaves, open_torch, read_tensor
-from ..io import Blob, Storage
+from ..formats.pickle import TORCH_WEIGHTS_ONLY, Record, TensorRef, TorchDtype, load_pickle
+from ..formats.relpath import inside
+from ..formats.torch_pickle import leaves, open_torch, open_torch_zip, read_tensor
+from ..io import Blob, Storage, TruncatedError
 from ..model import VarInfo
 from .base import Codec, CodecTier
 
@@ -69,6 +70,7 @@ class TorchDCPCodec(Codec):
                 out.append(_var(name, str(fqn), entry, storage))
             except (ValueError, TypeError, AttributeError) as e:
                 out.append(VarInfo(name, "object", (), error=f"{type(e).__name__}: {e}"[:300]))
+        check_items(blob, out)
         return out
 
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
@@ -85,6 +87,75 @@ class TorchDCPCodec(Codec):
             index = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
             out[index] = piece
         return out
+
+
+def check_items(blob: Blob, variables: list[VarInfo]) -> None:
+    """What ``dcp.load`` needs of the data files, checked without reading tensor bytes: each
+    item's file exists and holds its byte range, and each item is a ``torch.save`` record
+    that parses (``weights_only``) and holds a tensor of the chunk's shape and dtype, or raw
+    bytes of the chunk's size. The first problem of a variable becomes its ``error``."""
+    root = posixpath.dirname(blob.path)
+    sizes: dict[str, int | None] = {}
+    for var in variables:
+        if var.error:
+            continue
+        for chunk in var.locator or ():
+            problem = _item_problem(blob.storage, root, chunk, var.dtype, sizes)
+            if problem:
+                var.error = problem
+                break
+
+
+def _item_problem(storage: Storage, root: str, chunk: Chunk, dtype: str,
+                  sizes: dict[str, int | None]) -> str | None:  # fmt: skip
+    if not inside(chunk.file):
+        return f"relative_path {chunk.file!r} leaves the checkpoint directory"
+    if chunk.file not in sizes:
+        try:
+            sizes[chunk.file] = int(storage.info(posixpath.join(root, chunk.file))["size"])
+        except (FileNotFoundError, KeyError):
+            sizes[chunk.file] = None
+    size = sizes[chunk.file]
+    if size is None:
+        return f"{chunk.file}: missing"
+    if chunk.offset < 0 or chunk.length < 0 or chunk.offset + chunk.length > size:
+        return f"{chunk.file}: item at {chunk.offset}+{chunk.length} beyond its {size} bytes"
+    item = _slice(storage, root, chunk)
+    path = posixpath.join(root, chunk.file)
+    zipped = storage.read_range(path, chunk.offset, chunk.offset + min(4, chunk.length))
+    zipped = zipped == b"PK\x03\x04"  # a torch.save record (the default), else raw bytes
+    try:
+        if dtype == "object":
+            if zipped:
+                refused = sorted(open_torch_zip(item).globals - TORCH_WEIGHTS_ONLY)
+                if refused:
+                    return f"{chunk.file}@{chunk.offset}: weights_only refuses {refused[:3]}"
+            return None
+        dt = np_dtype(dtype)
+        want = _prod(chunk.sizes) * dt.itemsize
+        if not zipped:
+            if chunk.length != want:
+                return f"{chunk.file}: item of {chunk.length} bytes, tensor needs {want}"
+            return None
+        saved = open_torch_zip(item)
+        refused = sorted(saved.globals - TORCH_WEIGHTS_ONLY)
+        if refused:
+            return f"{chunk.file}@{chunk.offset}: weights_only refuses {refused[:3]}"
+        found = [t for _, t in leaves(saved.obj) if isinstance(t, TensorRef)]
+        if len(found) != 1:
+            return f"{chunk.file}@{chunk.offset}: {len(found)} tensors in one item"
+        t = found[0]
+        if tuple(t.shape) != tuple(chunk.sizes):
+            return f"{chunk.file}@{chunk.offset}: a tensor of shape {list(t.shape)}, the chunk is {list(chunk.sizes)}"
+        rec = saved.records.get(t.storage.key) if t.storage is not None else None
+        if rec is None:
+            return f"{chunk.file}@{chunk.offset}: the tensor's storage record is missing"
+        if rec.size < want:
+            return f"{chunk.file}@{chunk.offset}: storage of {rec.size} bytes, the chunk needs {want}"
+    except (ValueError, TypeError, KeyError, AttributeError, EOFError, UnicodeDecodeError,
+            TruncatedError) as e:  # fmt: skip
+        return f"{chunk.file}@{chunk.offset}: {type(e).__name__}: {e}"[:300]
+    return None
 
 
 def _storage_index(storage_data: Any) -> dict[tuple[str, tuple | None], tuple[str, int, int]]:
@@ -173,6 +244,8 @@ def _prod(shape: tuple[int, ...]) -> int:
 # -- chunk reading ----------------------------------------------------------------------------
 def _slice(storage: Storage, root: str, chunk: Chunk) -> Blob:
     """The chunk's byte range as a Blob of its own (offset 0 = the chunk's first byte)."""
+    if not inside(chunk.file):
+        raise ValueError(f"relative_path {chunk.file!r} leaves the checkpoint directory")
     path = posixpath.join(root, chunk.file)
     return storage.blob(path).slice(chunk.offset, chunk.length)
 

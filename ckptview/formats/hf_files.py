@@ -23,6 +23,23 @@ WEIGHT_EXTS = (".safetensors", ".bin", ".pt", ".pth")
 #: a rank's pieces written by DCP's ``HuggingFaceStorageWriter(save_distributed=True)``
 RANK_SHARD = re.compile(r"^shard-(?P<rank>\d{5})-(?P<stem>.+)-\d{5}-of-\d{5}\.safetensors$")
 RANK_DIR = "sharded"
+#: ``transformers.TrainerState`` fields: ``TrainerState(**json)`` fails on any other key, so
+#: a ``trainer_state.json`` holding one stops a resume
+TRAINER_STATE_FIELDS = frozenset({
+    "epoch", "global_step", "max_steps", "logging_steps", "eval_steps", "save_steps",
+    "train_batch_size", "num_train_epochs", "num_input_tokens_seen", "total_flos",
+    "log_history", "best_metric", "best_global_step", "best_model_checkpoint",
+    "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name",
+    "trial_params", "stateful_callbacks",
+})  # fmt: skip
+
+
+def state_problem(state: dict, fields: frozenset[str], name: str = "trainer_state.json") -> str | None:
+    """Why ``TrainerState(**state)`` would fail (keys it does not know), else None."""
+    extra = sorted(str(k) for k in state if k not in fields)
+    if not extra:
+        return None
+    return f"{name}: TrainerState(**json) rejects keys {extra}"
 
 
 def read_json(tree: Tree, rel: str, problems: list[str] | None = None) -> Any:
@@ -70,9 +87,17 @@ def weight_refs(
         if meta is not None and isinstance(index.get("metadata"), dict):
             meta.update(index["metadata"])
         used.append(prefix + name)
+        held: dict[str, list[str]] = {}
+        for tensor, shard in index["weight_map"].items():
+            if isinstance(shard, str):
+                held.setdefault(shard, []).append(str(tensor))
         for shard in shards:
             if tree.exists(prefix + shard):
-                refs.append(_weight_ref(tree, prefix + shard, WEIGHT_STEMS.get(stem, stem)))
+                ref = _weight_ref(tree, prefix + shard, WEIGHT_STEMS.get(stem, stem))
+                ref.expects = tuple(sorted(held.get(shard, ())))
+                refs.append(ref)
+            elif problems is not None:
+                problems.append(f"{name} names {shard}, which is missing")
     claimed = {posixpath.basename(r.path) for r in refs}
     for name in names:
         if name in claimed or not name.endswith(WEIGHT_EXTS):
@@ -81,6 +106,10 @@ def weight_refs(
         m = SHARD.match(name)
         if m:  # a shard without (or missing from) its index: still logical names
             stem = m["stem"]
+            index_name = f"{stem}.{m['ext']}.index.json"
+            if problems is not None and index_name not in names:
+                problems.append(f"{name}: a shard without its {index_name} (sharded weights "
+                                "do not load without their index)")
         if stem in WEIGHT_STEMS or m:
             refs.append(_weight_ref(tree, prefix + name, WEIGHT_STEMS.get(stem, stem)))
     for rel in tree.files(under=prefix + RANK_DIR, depth=1):

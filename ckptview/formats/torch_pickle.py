@@ -256,6 +256,8 @@ class TorchFile:
     records: dict[str, ZipRecord]
     big_endian: bool = False
     problem: str | None = None  # the legacy storage table could not be read: no records
+    #: every global the pickle names (``module.name``): what a safe loader is asked to accept
+    globals: frozenset[str] = frozenset()
 
 
 def open_torch(blob: Blob, *, views_ok: bool = False) -> TorchFile:
@@ -264,6 +266,12 @@ def open_torch(blob: Blob, *, views_ok: bool = False) -> TorchFile:
     views (their storages are located; the views are not)."""
     if blob.head().startswith(LEGACY_MAGIC):
         return _open_legacy(blob, views_ok)
+    return _open_zip(blob)
+
+
+def open_torch_zip(blob: Blob) -> TorchFile:
+    """:func:`open_torch` of a zip without the first block's read (records inside a container
+    whose magic is known: the directory, ``data.pkl`` and nothing of the storages)."""
     return _open_zip(blob)
 
 
@@ -305,7 +313,7 @@ def _open_zip(blob: Blob) -> TorchFile:
     obj = u.load()
     skip = len(prefix) + 6
     records = {k[skip:]: v for k, v in found.items()}
-    return TorchFile(obj, records, big_endian)
+    return TorchFile(obj, records, big_endian, globals=u.globals_named)
 
 
 def _open_legacy(blob: Blob, views_ok: bool) -> TorchFile:
@@ -342,7 +350,7 @@ def _open_legacy(blob: Blob, views_ok: bool) -> TorchFile:
         records = _legacy_records(u, blob, keys, storages)
     except (TruncatedError, ValueError, EOFError) as e:
         problem = f"legacy storage table: {e}"
-    return TorchFile(obj, records, False, problem)
+    return TorchFile(obj, records, False, problem, u.globals_named)
 
 
 def _legacy_records(u: Unpickler, blob: Blob, keys: list, storages: dict) -> dict:

@@ -18,10 +18,17 @@ from enum import Enum
 from typing import Any
 
 from ..formats.deepspeed_files import tag_refs
-from ..formats.hf_files import WEIGHT_EXTS, read_json, weight_refs
+from ..formats.hf_files import (
+    TRAINER_STATE_FIELDS,
+    WEIGHT_EXTS,
+    read_json,
+    state_problem,
+    weight_refs,
+)
+from ..formats.pickle import NUMPY_RNG_GLOBALS
 from ..formats.torch_dcp_files import dcp_refs
 from ..io import Blob
-from ..model import FileRef, SerialInfo, TreeScan
+from ..model import FileRef, SerialInfo, TorchHints, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier, single_serial_refusal
 
@@ -39,6 +46,10 @@ TORCH_FILES = {
 }
 #: files Trainer writes that ``resume_from_checkpoint`` never reads (a pickled TrainingArguments)
 NOT_RESUMED = frozenset({"training_args.bin"})
+#: how the resume loads torch files: ``torch.load(weights_only=True)``; RNG states with
+#: transformers' numpy allowlist
+SAFE_LOAD = TorchHints(weights_only=True)
+SAFE_RNG = TorchHints(weights_only=True, extra_globals=tuple(sorted(NUMPY_RNG_GLOBALS)))
 SIMPLE = (str, int, float, bool, type(None))
 
 
@@ -56,12 +67,14 @@ def checkpoint_refs(
         m = RNG.match(name)
         if name in TORCH_FILES:
             pre, kind = TORCH_FILES[name]
+            resumed = name not in NOT_RESUMED
             refs.append(FileRef(tree.abs(rel), prefix=pre, kind=kind, codec="torch",
-                                size=tree.size(rel), required=name not in NOT_RESUMED))  # fmt: skip
+                                hints=SAFE_LOAD if resumed else None, size=tree.size(rel),
+                                required=resumed))  # fmt: skip
         elif m:
             node = f"rank{m[1]}" if m[1] is not None else ""
             refs.append(FileRef(tree.abs(rel), node=node, prefix="rng_state", kind="rng",
-                                codec="torch", size=tree.size(rel)))  # fmt: skip
+                                codec="torch", hints=SAFE_RNG, size=tree.size(rel)))  # fmt: skip
         elif name.endswith(WEIGHT_EXTS):
             refs.append(FileRef(tree.abs(rel), prefix=name.rsplit(".", 1)[0], size=tree.size(rel),
                                 optional=True))  # fmt: skip
@@ -111,6 +124,7 @@ class HFTrainerLayout(Layout):
             serials.append(info)
             if state is not None:
                 states[n] = state
+        mark_missing_files(tree, serials)
         latest = max(dirs) if dirs else None
         if not any(s.complete for s in serials):
             latest = None
@@ -141,6 +155,9 @@ class HFTrainerLayout(Layout):
                 info.epoch = int(math.floor(epoch))
                 info.attrs["epoch"] = float(epoch)
             info.complete = not staged
+            problem = state_problem(state, TRAINER_STATE_FIELDS)
+            if problem:
+                info.error = "; ".join(filter(None, [info.error, problem]))
             if step != n:
                 info.attrs["global_step_mismatch"] = f"global_step {step} != {n}"
         if staged:
@@ -170,6 +187,29 @@ class HFTrainerLayout(Layout):
     def commit_markers(self, tree: Tree, info: SerialInfo) -> list[str]:
         files = self.serial_files(tree, info)
         return [f for f in files if posixpath.basename(f) == "trainer_state.json"]
+
+
+def mark_missing_files(tree: Tree, serials: list[SerialInfo]) -> None:
+    """A complete serial lacking a file that every other complete serial has (its
+    ``optimizer.pt``, a weight shard, ``rng_state.pth``) does not resume as they do: an
+    error naming the files. Slimmed serials are judged by their own marker."""
+    names = {}
+    for info in serials:
+        if info.complete:
+            base = tree.rel(info.path)
+            paths = [r.path for r in info.files if r.required]
+            paths += [p for p in info.other_files if p.endswith(".index.json")]
+            names[info.serial] = {tree.rel(p)[len(base) :].lstrip("/") for p in paths}
+    for serial, have in names.items():
+        others = [v for k, v in names.items() if k != serial]
+        if len(others) < 2:
+            continue
+        lacking = sorted(set.intersection(*others) - have)
+        if lacking:
+            info = next(s for s in serials if s.serial == serial)
+            shown = ", ".join(lacking[:4]) + (" …" if len(lacking) > 4 else "")
+            info.error = "; ".join(filter(None, [
+                info.error, f"no {shown}, which every other checkpoint has"]))  # fmt: skip
 
 
 def _has(refs: list[FileRef], prefix: str) -> bool:

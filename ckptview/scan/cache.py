@@ -256,3 +256,15 @@ def listing_key(cache: HeaderCache, tree: Tree, ref: FileRef, entries: dict | No
     return cache.key_at(time.time() if now is None else now, "listing",
                         tree.storage.url(ref.path), info, ref.codec or "", hints,
                         ref.optional)  # fmt: skip
+
+
+def deep_key(cache: HeaderCache, tree: Tree, path: str, serial_files: list[str]) -> CacheKey | None:
+    """The cache key of what a deep verify found in one file: the file's identity and those
+    of every file of its serial (a data file a metadata file names may change alone)."""
+    entries = tree.entries
+    info = entries.get(tree.rel(path))
+    peers = []
+    for p in sorted(serial_files):
+        e = entries.get(tree.rel(p)) or {}
+        peers.append((tree.rel(p), int(e.get("size") or 0), e.get("mtime"), e.get("etag") or ""))
+    return cache.key("deep", tree.storage.url(path), info, repr(peers))

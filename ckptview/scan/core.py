@@ -16,7 +16,7 @@ from ..io import Blob, Storage
 from ..layouts.base import Layout
 from ..model import FileRef, SerialInfo, TreeScan, VarInfo, as_columns
 from ..tree import Tree
-from .cache import HeaderCache, resolve
+from .cache import HeaderCache, deep_key, resolve
 from .listing import FileResult, default_executor, paused_gc, run_listings
 from .logical import ASSEMBLED, Logical, Placed, assemble, iter_assembled, read_assembled
 from .quant import QUANTIZED, iter_quantized, read_quantized
@@ -57,6 +57,9 @@ class Scan:
         self._tables: dict[str, pd.DataFrame] = {}
         #: (serial, node, name) -> (position in its file's variables, the file's listing)
         self._index: dict[tuple[int, str, str], tuple[int, FileResult]] = {}
+        #: file URL -> the error findings of a deep verify ([] when clean): folded into the
+        #: serials' verdicts, and kept in the header cache for unchanged files
+        self._deep: dict[str, list[str]] = {}
 
     @property
     def url(self) -> str:
@@ -173,9 +176,48 @@ class Scan:
     def serials(self) -> pd.DataFrame:
         def build() -> pd.DataFrame:
             results = self.logical().results
-            return serials_table(self.tree, self.tree_scan, results, read_slimmed(self.tree))
+            return serials_table(self.tree, self.tree_scan, results, read_slimmed(self.tree),
+                                 self._deep_findings())  # fmt: skip
 
         return self._table("serials", build)
+
+    def _serial_paths(self) -> dict[int, list[str]]:
+        """Every file path of each serial (its listed files and the others)."""
+        out: dict[int, list[str]] = {}
+        for s in self.tree_scan.serials:
+            out[s.serial] = [r.path for r in s.files] + list(s.other_files)
+        return out
+
+    def _deep_findings(self) -> dict[int, list[str]]:
+        """Per serial: the error findings deep verifies made of its files, this catalog's
+        and the header cache's (for files unchanged since)."""
+        out: dict[int, list[str]] = {}
+        shared = not self.cache.private  # a catalog's own cache holds only what it folded
+        for serial, paths in self._serial_paths().items():
+            for path in paths:
+                url = self.storage.url(path)
+                found = self._deep.get(url)
+                if found is None and shared:
+                    found = self.cache.get(deep_key(self.cache, self.tree, path, paths))
+                    if found is not None:
+                        self._deep[url] = found
+                if found:
+                    out.setdefault(serial, []).extend(found)
+        return out
+
+    def fold_deep(self, serial_findings: dict[int, dict[str, list[str]]]) -> None:
+        """Record a deep verify's error findings (serial -> file URL -> messages, [] when
+        clean) here and in the header cache, and rebuild the serials table from them."""
+        paths = self._serial_paths()
+        with self._lock:
+            for serial, by_url in serial_findings.items():
+                mine = paths.get(serial, [])
+                for path in mine:
+                    url = self.storage.url(path)
+                    if url in by_url:
+                        self._deep[url] = list(by_url[url])
+                        self.cache.put(deep_key(self.cache, self.tree, path, mine), list(by_url[url]))
+            self._tables.pop("serials", None)
 
     @property
     def metrics(self) -> pd.DataFrame:
@@ -311,3 +353,4 @@ class Scan:
             self._found = self._results = self._logical = None
             self._tables = {}
             self._index = {}
+            self._deep = {}

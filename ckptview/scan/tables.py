@@ -288,16 +288,54 @@ def _name(res: FileResult) -> str:
     return posixpath.basename(res.ref.path)
 
 
-def verdicts(s: SerialInfo, files: list[FileResult]) -> tuple[bool, str | None, bool, str | None]:
+def index_mismatch(res: FileResult) -> str | None:
+    """How a file's listing disagrees with the names its index puts there (None: agrees)."""
+    if res.codec is None or res.error:
+        return None
+    cols = as_columns(res.variables)
+    names = set(cols.names) if cols is not None else {v.name for v in res.variables}
+    want = set(res.ref.expects or ())
+    missing, extra = sorted(want - names), sorted(names - want)
+    if not (missing or extra):
+        return None
+    parts = []
+    if missing:
+        parts.append(f"lacks {_some(missing)}, which the index puts there")
+    if extra:
+        parts.append(f"holds {_some(extra)}, which the index does not name")
+    return f"{_name(res)}: " + "; ".join(parts)
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(repr(n) for n in names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+
+
+def pickled(variables: Sequence[VarInfo]) -> list[VarInfo]:
+    """The variables stored as a pickle that a safe loader refuses (``attrs["needs_pickle"]``:
+    an object ``.npy`` / ``.npz`` member), none in columns not yet made into records."""
+    if as_columns(variables) is not None:
+        return []
+    return [v for v in variables if v.attrs and v.attrs.get("needs_pickle")]
+
+
+def verdicts(s: SerialInfo, files: list[FileResult],
+             deep: Sequence[str] = ()) -> tuple[bool, str | None, bool, str | None]:  # fmt: skip
     """``(complete, error, loadable, warning)`` of one serial (DESIGN.md §3c).
 
     ``error``: the serial's own problem and those of the files its resume reads; ``warning``:
     problems of files it does not need. Loadable: complete, no such error, no unreadable
     variable in a required file, and at least one variable."""
     errors = [f"{_name(r)}: {r.error}" for r in files if r.error and blocking(r)]
+    errors += [m for r in files if r.ref.expects is not None and (m := index_mismatch(r))]
     warnings = [f"{_name(r)}: {r.error}" for r in files if r.error and not blocking(r)]
     complete = s.complete if s.complete is not None else not errors
+    if deep:  # what only the bytes tell: the serial does not load, its files are all there
+        more = f" (+{len(deep) - 3} more)" if len(deep) > 3 else ""
+        errors.append(f"deep verify: {'; '.join(deep[:3])}{more}")
     bad_vars = [(r, v) for r in files if r.ref.required for v in with_errors(r.variables)]
+    errors += [f"{_name(r)}: {v.name or '(array)'}: an object array (a pickle): "
+               "np.load(allow_pickle=False) refuses it"
+               for r in files if r.ref.required for v in pickled(r.variables)]  # fmt: skip
     warnings += [f"{_name(r)}: {v.name or '(tensor)'}: {v.error}"
                  for r in files if not r.ref.required for v in with_errors(r.variables)]  # fmt: skip
     error = "; ".join(([s.error] if s.error else []) + errors) or None
@@ -314,7 +352,8 @@ def verdicts(s: SerialInfo, files: list[FileResult]) -> tuple[bool, str | None, 
 
 
 def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
-                  slimmed: dict[int, dict] | None = None) -> pd.DataFrame:  # fmt: skip
+                  slimmed: dict[int, dict] | None = None,
+                  deep: dict[int, list[str]] | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per serial (index: serial); ``latest`` marks :func:`latest_from`'s pick;
     ``slimmed`` serials (optimizer state deleted by retention) are never loadable."""
     by_serial: dict[int, list[FileResult]] = {}
@@ -323,7 +362,7 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
     rows = []
     for s in sorted(found.serials, key=lambda s: s.serial):
         files = by_serial.get(s.serial, [])
-        complete, error, loadable, warning = verdicts(s, files)
+        complete, error, loadable, warning = verdicts(s, files, (deep or {}).get(s.serial, ()))
         if slimmed and s.serial in slimmed:
             freed = int(slimmed[s.serial].get("nbytes", 0))
             note = f"slimmed: optimizer state deleted ({freed} bytes), not a resume point"

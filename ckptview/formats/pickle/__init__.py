@@ -47,7 +47,16 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ...io import Blob
-from .allowlist import ALLOWED, RECORD_NAMES, RECORD_PREFIXES, InertClasses, resolve_global
+from .allowlist import (
+    ALLOWED,
+    NUMPY_RNG_GLOBALS,
+    RECORD_NAMES,
+    RECORD_PREFIXES,
+    TORCH_WEIGHTS_ONLY,
+    InertClasses,
+    resolve_global,
+    runs_code,
+)
 from .machine import MAX_DEPTH, MAX_LINE, BudgetError, budget_for
 from .source import CHUNK
 from .standins import ArrayRef, DtypeRef, LazyBytes, Record, RestrictedUnpicklingError
@@ -157,4 +166,5 @@ __all__ = [
     "DtypeRef",
     "LazyBytes", "Record", "RestrictedUnpicklingError", "StorageRef", "StorageType", "TensorRef",
     "TorchDtype", "Unpickler", "flatten", "is_leaf", "load_pickle", "resolve_global",
+    "NUMPY_RNG_GLOBALS", "TORCH_WEIGHTS_ONLY", "runs_code",
 ]  # fmt: skip

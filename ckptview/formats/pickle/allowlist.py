@@ -171,6 +171,46 @@ RECORD_NAMES = frozenset(
 _QUALNAME = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
 _CLASS_NAME = re.compile(r"_*[A-Z]\w*")
 
+#: modules whose globals run code, touch the system or build callables when a pickle is
+#: loaded unsafely (``subprocess.Popen``, ``os.system``, ``builtins.exec``,
+#: ``functools.partial`` …): refused whatever the name looks like, and named as code
+CODE_MODULES = frozenset({
+    "os", "posix", "nt", "subprocess", "commands", "popen2", "sys", "builtins", "__builtin__",
+    "importlib", "imp", "runpy", "shutil", "socket", "pty", "ctypes", "code", "codeop", "pickle",
+    "_pickle", "marshal", "types", "functools", "operator", "webbrowser", "multiprocessing",
+    "asyncio", "signal", "platform", "tempfile", "io", "_io", "pdb", "timeit", "trace",
+    "cProfile", "profile", "pip", "setuptools", "distutils", "urllib", "http", "requests",
+    "ftplib", "smtplib", "telnetlib", "threading", "_thread", "inspect", "gc", "ast",
+    "zipimport", "pkgutil", "site", "sysconfig", "select", "selectors", "resource", "fcntl",
+    "posixpath", "ntpath", "glob", "fnmatch", "shelve", "dbm", "sqlite3", "xmlrpc",
+    "paramiko", "dill", "cloudpickle", "joblib", "numpy.testing", "numpy.f2py", "numpy.distutils",
+    "torch.hub", "torch.utils.cpp_extension", "torch._C", "torch.ops", "torch.jit",
+})  # fmt: skip
+
+
+def runs_code(qual: str) -> bool:
+    """Whether global ``qual`` belongs to a module that can run code or touch the system."""
+    parts = qual.split(".")
+    return any(".".join(parts[:i]) in CODE_MODULES for i in range(1, len(parts)))
+
+
+#: the globals ``torch.load(weights_only=True)`` accepts by default (torch >= 2.6,
+#: ``torch._weights_only_unpickler._get_allowed_globals``): tensors, storages, dtypes, and a
+#: few containers; numpy, argparse, dataclasses and every other class are refused
+TORCH_WEIGHTS_ONLY = frozenset(
+    {q for q in torch_globals() if q != "torch._utils._rebuild_device_tensor_from_numpy"}
+    | {"collections.OrderedDict", "collections.Counter", "_codecs.encode", "builtins.bytearray",
+       "builtins.set", "builtins.complex", "torch.nn.parameter.Parameter", "torch.Tensor",
+       "torch._utils._rebuild_qtensor", "torch._utils._rebuild_sparse_tensor",
+       "torch._utils._rebuild_nested_tensor"}
+)  # fmt: skip
+#: what transformers adds for ``rng_state.pth`` (``safe_globals`` of numpy's RNG state)
+NUMPY_RNG_GLOBALS = frozenset({
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
+    "numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
+    "numpy.dtypes.UInt32DType", "numpy.dtypes.Float64DType", "numpy.dtypes.Int64DType",
+})  # fmt: skip
+
 
 class InertClasses(Mapping[str, Any]):
     """An ``allow`` policy for files that pickle whole objects (``torch.save(model)``): any
@@ -182,6 +222,7 @@ class InertClasses(Mapping[str, Any]):
         return (
             isinstance(qual, str)
             and qual not in ALLOWED
+            and not runs_code(qual)
             and _CLASS_NAME.fullmatch(qual.rsplit(".", 1)[-1]) is not None
         )
 
@@ -204,6 +245,11 @@ def resolve_global(
     qual = f"{module}.{name}"
     if not _QUALNAME.fullmatch(qual):
         raise RestrictedUnpicklingError(f"refused global {qual[:120]!r} (malformed name)")
+    if runs_code(qual) and qual not in ALLOWED:
+        raise RestrictedUnpicklingError(
+            f"refused global {qual}: it runs code or touches the system when the file is "
+            "loaded unsafely (torch.load(weights_only=False), pickle.load)"
+        )
     if allow is not None:
         if isinstance(allow, Mapping):
             if qual in allow:

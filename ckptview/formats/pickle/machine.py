@@ -187,6 +187,11 @@ class Machine:
             found = self._globals[key] = resolve_global(module, name, self.allow)
         return found
 
+    @property
+    def globals_named(self) -> frozenset[str]:
+        """Every global the pickle named so far (``module.name``), allowed ones included."""
+        return frozenset(f"{m}.{n}" for m, n in self._globals)
+
     def persistent(self, pid: Any) -> Any:
         if self.persistent_load is None:
             raise RestrictedUnpicklingError("persistent id in a pickle without persistent_load")
