@@ -1,0 +1,241 @@
+"""What makes a serial not loadable, as the framework's own loader decides (DESIGN.md §3c):
+each rule on a tree built or mutated here, failing before the rule existed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import corpus_copy
+from test_dcp import W, metadata
+from test_deepspeed import Glob, Obj, _Emitter, torch_zip
+
+import ckptview as cv
+from ckptview.formats.pickle import InertClasses, RestrictedUnpicklingError, load_pickle
+
+
+def copy(rel: str, dest: Path) -> Path:
+    return corpus_copy(rel, dest)
+
+
+# -- DCP: the data files the metadata names --------------------------------------------------
+def dcp_tree(root: Path, paths: dict[int, str] | None = None) -> Path:
+    d = root / "run" / "step_7"
+    d.mkdir(parents=True)
+    w0, w1, step = torch_zip(W[:2].copy()), torch_zip(W[2:].copy()), torch_zip(7)
+    (d / "__0_0.distcp").write_bytes(w0 + step)
+    (d / "__1_0.distcp").write_bytes(w1)
+    meta = metadata({"w0": len(w0), "w1": len(w1), "step": len(step)})
+    for r, path in (paths or {}).items():
+        old, new = f"__{r}_0.distcp".encode(), path.encode()  # BINUNICODE: 4-byte length
+        meta = meta.replace(b"X" + len(old).to_bytes(4, "little") + old,
+                            b"X" + len(new).to_bytes(4, "little") + new)  # fmt: skip
+        assert new in meta
+    (d / ".metadata").write_bytes(meta)
+    return root / "run"
+
+
+@pytest.mark.parametrize("where", ["../../secret.bin", "ABSOLUTE"])
+def test_a_metadata_path_outside_the_checkpoint_is_an_error_never_read(tmp_path, where):
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(torch_zip(np.full((2, 3), 42, np.float32)))  # a valid record
+    path = str(secret) if where == "ABSOLUTE" else where
+    run = dcp_tree(tmp_path, {1: path})
+    cat = cv.open(run, cache=False)
+    row = cat.serials.loc[7]
+    assert not row["loadable"] and "leaves the checkpoint directory" in row["error"]
+    assert cat.latest is None
+    with pytest.raises(ValueError, match="leaves the checkpoint directory"):
+        cat.read("model/w", serial=7)
+    deep = cat.verify(deep=True)
+    assert (deep["severity"] == "error").any()
+
+
+@pytest.mark.parametrize("fault", ["truncate", "flip_pickle", "swap_files", "delete"])
+def test_a_dcp_data_file_that_dcp_load_refuses_makes_the_serial_not_loadable(tmp_path, fault):
+    run = dcp_tree(tmp_path)
+    d = run / "step_7"
+    assert cv.open(run, cache=False).serials.loc[7, "loadable"]
+    f0, f1 = d / "__0_0.distcp", d / "__1_0.distcp"
+    data = f0.read_bytes()
+    if fault == "truncate":
+        f0.write_bytes(data[:-1])
+    elif fault == "flip_pickle":  # inside the first record's data.pkl (its name and pickle)
+        at = data.index(b"data.pkl") + 40
+        f0.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :])
+    elif fault == "swap_files":
+        f0.write_bytes(f1.read_bytes())
+    else:
+        f1.unlink()
+    row = cv.open(run, cache=False).serials.loc[7]
+    assert row["complete"] and not row["loadable"], row["error"]
+    assert ".distcp" in row["error"]
+
+
+# -- HF Trainer: index, shards, state, pickles -------------------------------------------------
+def hf(tmp_path: Path) -> Path:
+    run = copy("modern/hf", tmp_path / "hf")
+    cat = cv.open(run, cache=False)
+    assert cat.serials["loadable"].all() and cat.latest == 300
+    return run
+
+
+def test_a_trainer_state_with_a_key_trainerstate_rejects_does_not_load(tmp_path):
+    run = hf(tmp_path)
+    state = run / "checkpoint-300" / "trainer_state.json"
+    doc = json.loads(state.read_text())
+    doc["learning_rate_schedule"] = 1
+    state.write_text(json.dumps(doc))
+    cat = cv.open(run, cache=False)
+    assert not cat.serials.loc[300, "loadable"]
+    assert "rejects keys ['learning_rate_schedule']" in cat.serials.loc[300, "error"]
+    assert cat.latest == 200
+
+
+def test_a_file_every_other_checkpoint_has_is_missing(tmp_path):
+    run = hf(tmp_path)
+    (run / "checkpoint-300" / "optimizer.pt").unlink()
+    cat = cv.open(run, cache=False)
+    assert "no optimizer.pt, which every other checkpoint has" in cat.serials.loc[300, "error"]
+    assert cat.latest == 200
+
+
+def safetensors(tensors: dict[str, np.ndarray]) -> bytes:
+    header, data = {}, b""
+    for name, arr in tensors.items():
+        raw = np.ascontiguousarray(arr, "<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}  # fmt: skip
+        data += raw
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data
+
+
+def sharded_hf(run: Path) -> None:
+    """Every checkpoint's model as two safetensors shards and their index."""
+    for ck in sorted(run.glob("checkpoint-*")):
+        (ck / "model.safetensors").unlink()
+        parts = {"model-00001-of-00002.safetensors": {"a.weight": np.ones((2, 2))},
+                 "model-00002-of-00002.safetensors": {"b.weight": np.zeros(3)}}  # fmt: skip
+        for name, tensors in parts.items():
+            (ck / name).write_bytes(safetensors(tensors))
+        index = {"metadata": {"total_size": 28},
+                 "weight_map": {"a.weight": "model-00001-of-00002.safetensors",
+                                "b.weight": "model-00002-of-00002.safetensors"}}  # fmt: skip
+        (ck / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("fault", ["no_index", "shard_missing", "renamed_in_shard",
+                                   "index_names_another"])  # fmt: skip
+def test_an_index_and_its_shards_must_agree_both_ways(tmp_path, fault):
+    run = hf(tmp_path)
+    sharded_hf(run)
+    assert cv.open(run, cache=False).serials["loadable"].all()
+    ck = run / "checkpoint-300"
+    index = ck / "model.safetensors.index.json"
+    if fault == "no_index":
+        index.unlink()
+        want = "a shard without its model.safetensors.index.json"
+    elif fault == "shard_missing":
+        (ck / "model-00002-of-00002.safetensors").unlink()
+        want = "names model-00002-of-00002.safetensors, which is missing"
+    elif fault == "renamed_in_shard":
+        (ck / "model-00002-of-00002.safetensors").write_bytes(
+            safetensors({"b.weihgt": np.zeros(3)}))
+        want = "lacks 'b.weight', which the index puts there"
+    else:
+        index.write_text(index.read_text().replace('"b.weight"', '"c.weight"'))
+        want = "holds 'b.weight', which the index does not name"
+    cat = cv.open(run, cache=False)
+    assert want in cat.serials.loc[300, "error"]
+    assert cat.latest == 200
+
+
+def test_an_optimizer_pickling_numpy_is_refused_where_rng_state_may(tmp_path):
+    run = hf(tmp_path)
+    ck = run / "checkpoint-300"
+    rng = ck / "rng_state.pth"
+    if not rng.exists():
+        pytest.fail("the corpus checkpoint has no rng_state.pth")
+    shutil.copy(rng, ck / "optimizer.pt")  # rng states pickle numpy arrays
+    cat = cv.open(run, cache=False)
+    err = cat.serials.loc[300, "error"]
+    assert "weights_only=True) refuses global numpy" in err and "optimizer.pt" in err
+    assert "rng_state.pth" not in err  # transformers allows numpy there
+    assert cat.latest == 200
+    assert cat.read("optimizer/state/0/exp_avg", serial=200) is not None
+
+
+@pytest.mark.parametrize("glob", [("subprocess", "Popen"), ("os", "system"),
+                                  ("commands", "Popen"), ("builtins", "exec")])  # fmt: skip
+def test_code_running_globals_are_refused_whatever_their_name_looks_like(glob):
+    blob = _Emitter().dump(Obj(*glob, ("echo hi",)) if glob[1][0].isupper() else
+                           [Glob(*glob)])  # fmt: skip
+    with pytest.raises(RestrictedUnpicklingError, match=f"{glob[0]}.{glob[1]}.*runs code"):
+        load_pickle(blob, allow=InertClasses())
+
+
+# -- deep verify: checksums, folded into the verdicts and kept for unchanged files -----------
+def flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x20
+    path.write_bytes(bytes(data))
+
+
+def test_a_tf_checksum_failure_found_by_deep_verify_moves_latest_and_is_remembered(tmp_path):
+    run = copy("modern/tf", tmp_path / "tf") / "run_ckpt"
+    cache = tmp_path / "cache"
+    cat = cv.open(run, cache=str(cache))
+    assert cat.latest == 400
+    var = next(v for r in cat._scan.file_results() if r.serial == 400 for v in r.variables
+               if v.span is not None and v.span.length > 8)  # fmt: skip
+    flip(Path(var.span.path), var.span.offset + 3)
+    cat = cv.open(run, cache=str(cache))
+    assert cat.latest == 400  # headers alone cannot see it
+    found = cat.verify(deep=True)
+    bad = found[(found["severity"] == "error") & (found["check"] == "checksum")]
+    assert list(bad["serial"]) == [400] and "crc32c checksum does not match" in bad["message"].iloc[0]
+    assert not cat.serials.loc[400, "loadable"] and cat.latest == 300
+    assert "deep verify" in cat.serials.loc[400, "error"]
+    again = cv.open(run, cache=str(cache))  # unchanged files: the finding is kept
+    assert again.latest == 300 and not again.serials.loc[400, "loadable"]
+    clean = cv.open(run, cache=False)  # another cache never saw it
+    assert clean.latest == 400
+
+
+def test_a_flipped_torch_storage_is_refused_though_torch_would_load_it(tmp_path):
+    run = hf(tmp_path)
+    path = run / "checkpoint-300" / "optimizer.pt"
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.file_size > 8)
+    flip(path, _payload(path, info) + 4)
+    cat = cv.open(run, cache=False)
+    assert cat.serials.loc[300, "loadable"]
+    cat.verify(300, deep=True)
+    err = cat.serials.loc[300, "error"]
+    assert "CRC-32" in err and "torch would load it silently" in err and cat.latest == 200
+
+
+def _payload(path: Path, info: zipfile.ZipInfo) -> int:
+    head = path.read_bytes()[info.header_offset : info.header_offset + 30]
+    return info.header_offset + 30 + int.from_bytes(head[26:28], "little") + int.from_bytes(
+        head[28:30], "little")
+
+
+def test_a_deflated_npz_member_failing_its_crc_is_refused(tmp_path):
+    run = tmp_path / "npz"
+    run.mkdir()
+    for step in (1, 2):
+        np.savez_compressed(run / f"step_{step}.npz", w=np.arange(4096, dtype=np.float32) * step)
+    path = run / "step_2.npz"
+    with zipfile.ZipFile(path) as z:
+        info = z.getinfo("w.npy")
+    flip(path, _payload(path, info) + info.compress_size // 2)
+    cat = cv.open(run, cache=False)
+    cat.verify(deep=True)
+    assert not cat.serials.loc[2, "loadable"] and cat.latest == 1
+    assert "w.npy" in cat.serials.loc[2, "error"]
