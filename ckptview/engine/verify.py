@@ -201,7 +201,7 @@ def _deep(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
         name = var_name(res.ref, var)
         try:
             n_nan = n_inf = 0
-            for chunk in scan.iter_chunks(name, serial=serial, node=res.ref.node):
+            for chunk in scan.iter_piece(res, var, CRC_CHUNK):  # the stored variable itself
                 if chunk.dtype.kind in "fc":
                     n_nan += int(np.isnan(chunk).sum())
                     n_inf += int(np.isinf(chunk).sum())
