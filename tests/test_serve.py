@@ -8,8 +8,10 @@ beyond 127.0.0.1); requests are plain HTTP from the test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import http.client
+import os
 import re
 import subprocess
 import sys
@@ -47,18 +49,22 @@ def get(port: int, path: str = f"/{APP}", host: str | None = None,
 
 
 class Served:
-    """``ckptview serve TREE --port P [args]`` in a subprocess, stopped by its own pid."""
+    """``ckptview serve TREE --port P [args]`` in a subprocess, stopped by its own pid; its
+    output in ``log`` (a file, readable while it runs) when given, with ``env`` added."""
 
-    def __init__(self, tree: Path, *args: str, timeout: float = 120):
+    def __init__(self, tree: Path, *args: str, timeout: float = 120, log: Path | None = None,
+                 env: dict[str, str] | None = None):  # fmt: skip
         self.port = free_port()
         cmd = [sys.executable, "-m", "ckptview.cli", "serve", str(tree), "--port", str(self.port),
                "--no-warm", "--poll", "0", *args]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=ROOT)  # fmt: skip
+        self.log = log
+        with open(log, "w") if log else contextlib.nullcontext(subprocess.PIPE) as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                         cwd=ROOT, env={**os.environ, **(env or {})})  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"ckptview serve exited: {self.proc.stdout.read()}")
+                raise RuntimeError(f"ckptview serve exited: {self.output()}")
             try:
                 get(self.port, "/")
                 return
@@ -79,7 +85,11 @@ class Served:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        return self.proc.stdout.read()
+        return self.output()
+
+    def output(self) -> str:
+        """What the server wrote (so far, with a ``log``; else all of it, once it ended)."""
+        return self.log.read_text() if self.log else self.proc.stdout.read()
 
 
 @pytest.fixture(scope="module")

@@ -7,4 +7,5 @@ it again (``multiprocessing`` skips a ``__main__`` module): they load ckptview, 
 
 from ckptview.widgets.server import main
 
-main()
+if __name__ == "__main__":
+    main()

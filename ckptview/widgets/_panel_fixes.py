@@ -19,14 +19,23 @@ classes that is a path computation per class and per resource kind, ~40 ms of a 
 ~0.7 s of server CPU, the same answer every time. :func:`cache_component_resources`
 remembers the answer per resource kind, mode, path prefix, CDN and set of loaded classes
 (a class loaded later makes a new set, so its resources are listed).
+
+**No module imported by a URL.** ``/components/<module>/<class>/<attr>/<path>`` (Panel's
+``ComponentResourceHandler``) calls ``importlib.import_module(<module>)`` on the URL's text
+before checking anything: any visitor, before any login, could import any installed module
+(``this`` prints, a ``__main__`` may exit the server). :func:`refuse_module_imports` answers
+``404`` unless the module is already in ``sys.modules`` (a component class of the page is
+always loaded), so a request can only read resources of code the server already runs.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 
 _APPLIED = "_ckptview_flushes_queued"
 _CACHED = "_ckptview_cached"
+LOADED_ONLY = "_ckptview_loaded_modules_only"
 
 
 def apply() -> bool:
@@ -81,4 +90,25 @@ def cache_component_resources() -> bool:
 
     setattr(extra_resources, _CACHED, True)
     resources.Resources.extra_resources = extra_resources
+    return True
+
+
+def refuse_module_imports() -> bool:
+    """Patch ``panel.io.server.ComponentResourceHandler.parse_url_path`` (once) to answer
+    ``404`` for a module not already loaded; False when it was patched already."""
+    from panel.io.server import ComponentResourceHandler
+    from tornado.web import HTTPError
+
+    original = ComponentResourceHandler.parse_url_path
+    if getattr(original, LOADED_ONLY, False):
+        return False
+
+    @functools.wraps(original)
+    def parse_url_path(self, path: str) -> str:
+        if path.split("/", 1)[0] not in sys.modules:  # never import what a URL names
+            raise HTTPError(404, "Module not loaded")
+        return original(self, path)
+
+    setattr(parse_url_path, LOADED_ONLY, True)
+    ComponentResourceHandler.parse_url_path = parse_url_path
     return True

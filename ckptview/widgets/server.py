@@ -11,21 +11,34 @@
 - sends a Content-Security-Policy with every HTML page: scripts run only when the server wrote
   them (a fresh nonce per page, trust passed on to the scripts they load), so HTML that reached
   the page from a checkpoint cannot run; images, connections and forms stay on this server; no
-  framing, plugins or ``<base>``; and ``nosniff``, ``no-referrer``.
+  framing, plugins or ``<base>``; and ``nosniff``, ``no-referrer``;
+- with a login (``--basic-auth``, an OAuth provider): puts it in front of every route the server
+  answers, not only the pages Bokeh guards: static files, component resources, the favicon,
+  the websocket (:func:`require_login`; only the login and logout pages stay open);
+- imports no module a URL names: Panel's ``/components/<module>/...`` route serves only
+  resources of modules already loaded (:func:`ckptview.widgets._panel_fixes.refuse_module_imports`).
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import secrets
 import sys
+from collections.abc import Iterator
+from urllib.parse import urlencode, urlsplit
 
 from bokeh.server.util import check_allowlist
+from bokeh.server.views.auth_request_handler import AuthRequestHandler
 from panel.command.serve import Serve
+from panel.io.server import ComponentResourceHandler
 from tornado import httputil
-from tornado.routing import Matcher, Rule
-from tornado.web import GZipContentEncoding, OutputTransform, RequestHandler
+from tornado.routing import Matcher, Rule, RuleRouter
+from tornado.web import Application, GZipContentEncoding, OutputTransform, RequestHandler
+from tornado.websocket import WebSocketHandler
+
+from . import _panel_fixes
 
 #: the policy of every HTML page; ``{nonce}`` is fresh for each response
 CSP = "; ".join([
@@ -164,11 +177,101 @@ def allowed_hosts(origins: set[str], port: int) -> set[str]:
     return {o.lower() for o in origins} | {f"{name}:{port}" for name in LOOPBACK}
 
 
+async def _done(result) -> None:
+    if inspect.isawaitable(result):
+        await result
+
+
+class ProviderUser(RequestHandler):
+    """The auth provider's user, for a handler that does not ask for one (static files,
+    component resources, the favicon), as Bokeh's ``AuthRequestHandler`` finds it."""
+
+    def get_current_user(self):
+        provider = self.application.auth_provider
+        return provider.get_user(self) if provider.get_user is not None else None
+
+    async def prepare(self) -> None:
+        await _done(super().prepare())
+        provider = self.application.auth_provider
+        if provider.get_user_async is not None:
+            self.current_user = await provider.get_user_async(self)
+
+
+class LoginRequired(RequestHandler):
+    """Before the route's own handler runs: a visitor with no user is sent to the login page
+    (a ``GET`` of a page) or gets ``403`` (anything else: a resource, the websocket)."""
+
+    async def prepare(self) -> None:
+        await _done(super().prepare())
+        if self._finished or self.current_user:
+            return
+        page = isinstance(self, AuthRequestHandler) and not isinstance(self, WebSocketHandler)
+        if page and self.request.method in ("GET", "HEAD"):
+            url = self.get_login_url()  # as tornado.web.authenticated does
+            if "?" not in url:
+                after = self.request.full_url() if urlsplit(url).scheme else self.request.uri
+                url += "?" + urlencode({"next": after})
+            self.redirect(url)
+            return
+        self.set_status(403)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish("403: log in first\n")
+
+
+_GATED: dict[type, type] = {}
+
+
+def login_required(handler: type[RequestHandler]) -> type[RequestHandler]:
+    """``handler`` behind :class:`LoginRequired` (one subclass per handler class)."""
+    if handler not in _GATED:
+        bases = (LoginRequired, handler) if issubclass(handler, AuthRequestHandler) else (
+            LoginRequired, ProviderUser, handler)  # fmt: skip
+        _GATED[handler] = type(f"LoginRequired{handler.__name__}", bases, {})
+    return _GATED[handler]
+
+
+def handler_rules(router: RuleRouter) -> Iterator[Rule]:
+    """Every rule of ``router`` and the routers below it that names a handler class."""
+    for rule in router.rules:
+        if isinstance(rule.target, RuleRouter):
+            yield from handler_rules(rule.target)
+        elif isinstance(rule.target, type) and issubclass(rule.target, RequestHandler):
+            yield rule
+        else:
+            raise RuntimeError(f"cannot check who may use the route {rule}")
+
+
+def require_login(app: Application) -> None:
+    """With a login configured (Bokeh's auth provider has a user hook), put every route of
+    ``app`` but the login and logout pages behind it (:class:`LoginRequired`)."""
+    provider = app.auth_provider
+    if provider.get_user is None and provider.get_user_async is None:
+        return
+    open_routes = {handler for _, handler in provider.endpoints}
+    for rule in handler_rules(app.default_router):
+        if not (rule.target in open_routes or rule.target is RefuseHost
+                or issubclass(rule.target, LoginRequired)):  # fmt: skip
+            rule.target = login_required(rule.target)
+
+
+def refuse_module_imports(app: Application) -> None:
+    """Make sure the component-resource route imports no module a URL names."""
+    _panel_fixes.refuse_module_imports()
+    for rule in handler_rules(app.default_router):
+        if issubclass(rule.target, ComponentResourceHandler) and not getattr(
+            rule.target.parse_url_path, _panel_fixes.LOADED_ONLY, False
+        ):
+            raise RuntimeError(f"{rule.target} may import modules named by a URL")
+
+
 class HardenedServe(Serve):
-    """``panel serve`` whose server checks the Host header and sends :data:`CSP`."""
+    """``panel serve`` whose server checks the Host header, sends :data:`CSP`, puts a login
+    in front of every route and imports no module a URL names."""
 
     def customize_server(self, server):
         app = server._tornado  # the tornado Application (bokeh's BokehTornado)
+        refuse_module_imports(app)
+        require_login(app)
         hosts = allowed_hosts(app.websocket_origins, server.port)
         app.websocket_origins.update(hosts)  # a page from a loopback name may connect
         refuse = app.default_router.process_rule(Rule(ForeignHost(hosts), RefuseHost))
