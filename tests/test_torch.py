@@ -42,7 +42,11 @@ def _find(rows: dict, t: dict):
 def test_every_corpus_tensor_matches_ground_truth(rel):
     cat = cv.open(str(corpus_path("modern", rel)))
     rows = _rows(cat)
-    assert cat.files["error"].isna().all(), cat.files["error"].tolist()
+    errors = cat.files["error"].dropna().tolist()
+    if rel.endswith("training_args.bin"):  # a pickled TrainingArguments: listed, not loadable
+        assert len(errors) == 1 and "weights_only=True) refuses global" in errors[0], errors
+    else:
+        assert not errors, errors
     for t in GT[rel]["tensors"]:
         row = _find(rows, t)
         assert row.dtype == t["dtype"], t["key"]
@@ -306,8 +310,12 @@ def test_whole_pickled_module_lists_its_state_dict(tmp_path):
     (tmp_path / "model.pt").write_bytes(torch_zip(model))
     cat = cv.open(tmp_path / "model.pt")
     v = cat.variables.set_index("name")
-    assert list(v.index) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.stats"]
-    assert v["error"].isna().all()
+    # torch.load(weights_only=True) refuses the classes: one error row says so, the
+    # tensors are listed and read all the same
+    assert list(v.index) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.stats", "model.pt"]
+    assert v["error"].iloc[:4].isna().all()
+    assert "refuses global my_project.models.Net" in v.loc["model.pt", "error"]
+    assert not cat.serials["loadable"].any()
     assert v.loc["fc1.weight", "shape"] == (3, 2) and v.loc["fc2.stats", "dtype"] == "float32"
     np.testing.assert_array_equal(cat.read("fc1.weight"), w1)
     np.testing.assert_array_equal(cat.read("fc2.weight"), w2)

@@ -122,21 +122,20 @@ def _item_problem(storage: Storage, root: str, chunk: Chunk, dtype: str,
     if chunk.offset < 0 or chunk.length < 0 or chunk.offset + chunk.length > size:
         return f"{chunk.file}: item at {chunk.offset}+{chunk.length} beyond its {size} bytes"
     item = _slice(storage, root, chunk)
-    path = posixpath.join(root, chunk.file)
-    zipped = storage.read_range(path, chunk.offset, chunk.offset + min(4, chunk.length))
-    zipped = zipped == b"PK\x03\x04"  # a torch.save record (the default), else raw bytes
     try:
-        if dtype == "object":  # the planner's load_bytes: torch.load(weights_only=False)
-            if zipped:
-                open_torch_zip(item)  # parses (a code-running global is refused)
+        try:
+            saved = open_torch_zip(item)  # a torch.save record (the default)
+        except ValueError as e:  # else raw bytes (no record): only their size can tell
+            if "not a zip archive" not in str(e) or dtype == "object":
+                raise
+            want = _prod(chunk.sizes) * np_dtype(dtype).itemsize
+            if chunk.length != want:
+                return f"{chunk.file}@{chunk.offset}: {e}; as raw bytes {chunk.length}, the tensor needs {want}"
             return None
+        if dtype == "object":  # the planner's load_bytes: torch.load(weights_only=False)
+            return None  # parsed (a code-running global is refused)
         dt = np_dtype(dtype)
         want = _prod(chunk.sizes) * dt.itemsize
-        if not zipped:
-            if chunk.length != want:
-                return f"{chunk.file}: item of {chunk.length} bytes, tensor needs {want}"
-            return None
-        saved = open_torch_zip(item)
         refused = sorted(saved.globals - TORCH_WEIGHTS_ONLY)
         if refused:
             return f"{chunk.file}@{chunk.offset}: weights_only refuses {refused[:3]}"

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from ..model import FileRef, SerialInfo, TreeScan
+import posixpath
+import re
+
+from ..formats.safe_globals import NUMPY_RNG_GLOBALS
+from ..model import FileRef, SerialInfo, TorchHints, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier, single_serial_refusal
 
 #: files that never hold variables
 SKIP_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".lock", ".log", ".csv", ".py", ".sh", ".json")
+
+
+#: a torch file is loaded with ``torch.load(weights_only=True)`` (torch >= 2.6's default);
+#: an RNG state file as transformers loads it, numpy's RNG globals allowed
+SAFE_LOAD = TorchHints(weights_only=True)
+SAFE_RNG = TorchHints(weights_only=True, extra_globals=tuple(sorted(NUMPY_RNG_GLOBALS)))
+RNG = re.compile(r"^rng_state(?:_\d+)?\.pth$")
 
 
 class FilesLayout(Layout):
@@ -32,7 +43,8 @@ class FilesLayout(Layout):
         files = self._candidates(tree)
         many = len(files) > 1
         refs = [
-            FileRef(tree.abs(f), prefix=f if many else "", size=tree.size(f), optional=many)
+            FileRef(tree.abs(f), prefix=f if many else "", size=tree.size(f), optional=many,
+                    hints=SAFE_RNG if RNG.match(posixpath.basename(f)) else SAFE_LOAD)
             for f in files
         ]
         others = [tree.abs(f) for f in tree.files() if f not in files]

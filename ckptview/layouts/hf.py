@@ -25,7 +25,7 @@ from ..formats.hf_files import (
     state_problem,
     weight_refs,
 )
-from ..formats.pickle import NUMPY_RNG_GLOBALS
+from ..formats.safe_globals import NUMPY_RNG_GLOBALS
 from ..formats.torch_dcp_files import dcp_refs
 from ..io import Blob
 from ..model import FileRef, SerialInfo, TorchHints, TreeScan

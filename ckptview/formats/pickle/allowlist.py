@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..safe_globals import NUMPY_RNG_GLOBALS as NUMPY_RNG_GLOBALS
 from .standins import (
     ArrayRef,
     DtypeRef,
@@ -204,12 +205,6 @@ TORCH_WEIGHTS_ONLY = frozenset(
        "torch._utils._rebuild_qtensor", "torch._utils._rebuild_sparse_tensor",
        "torch._utils._rebuild_nested_tensor"}
 )  # fmt: skip
-#: what transformers adds for ``rng_state.pth`` (``safe_globals`` of numpy's RNG state)
-NUMPY_RNG_GLOBALS = frozenset({
-    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct", "numpy.ndarray",
-    "numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar",
-    "numpy.dtypes.UInt32DType", "numpy.dtypes.Float64DType", "numpy.dtypes.Int64DType",
-})  # fmt: skip
 
 
 class InertClasses(Mapping[str, Any]):
