@@ -115,10 +115,13 @@ _PADDLE_PICKLE = (".pdparams", ".pdopt", ".pdckpt", ".pdstates", ".pdtensor", ".
 #: the modules of ``ckptview.codecs`` and ``ckptview.layouts``, one row per class
 BUILTIN: dict[str, tuple[Builtin, ...]] = {
     "ckptview.codecs": (
+        # before torch, whose signature (a .pt zip) a TorchScript archive also has
+        Builtin("torchscript", "torchscript", "TorchScriptCodec", CodecTier.SIGNATURE - 1,
+                claim=Claim(magic=(_ZIP,), blob=True)),
         Builtin("torch", "torch", "TorchCodec", CodecTier.SIGNATURE,
                 save_suffixes=(".pt", ".pth", ".bin", ".ckpt", ".tar"),
                 claim=Claim(magic=(_LEGACY_TORCH, _ZIP))),
-        Builtin("gguf", "gguf", "GGUFCodec", CodecTier.FORMAT, (".gguf",),
+        Builtin("gguf", "gguf", "GGUFCodec", CodecTier.FORMAT, (".gguf",), (".gguf",),
                 claim=Claim(suffixes=(".gguf",), magic=(b"GGUF",))),
         Builtin("npy", "numpy", "NpyCodec", CodecTier.FORMAT, (".npy",), (".npy",),
                 claim=Claim(suffixes=(".npy",), magic=(b"\x93NUMPY",))),
@@ -136,13 +139,14 @@ BUILTIN: dict[str, tuple[Builtin, ...]] = {
         Builtin("paddle-dcp", "paddle_dcp", "PaddleDcpCodec", CodecTier.CONTAINER,
                 claim=Claim(suffixes=(".distcp",))),
         Builtin("paddle-pickle", "paddle_pickle", "PaddlePickleCodec", CodecTier.CONTAINER,
-                save_suffixes=(".pkl",), claim=Claim(suffixes=_PADDLE_PICKLE)),
+                save_suffixes=(".pdparams", ".pdopt", ".pkl"),
+                claim=Claim(suffixes=_PADDLE_PICKLE)),
         Builtin("torch_dcp", "torch_dcp", "TorchDCPCodec", CodecTier.CONTAINER,
                 claim=Claim(suffixes=(".metadata",))),
         Builtin("caffe2", "caffe2", "Caffe2Codec", CodecTier.LOOSE, (".minidb",),
                 claim=Claim(sniff=True)),
         Builtin("keras", "keras", "KerasCodec", CodecTier.LOOSE,
-                (".keras", ".weights.h5", ".h5", ".hdf5"),
+                (".keras", ".weights.h5", ".h5", ".hdf5"), (".keras", ".weights.h5", ".h5", ".hdf5"),
                 claim=Claim(suffixes=(".keras", ".h5", ".hdf5"),
                             magic=(b"\x89HDF\r\n\x1a\n",))),
         Builtin("tf-v1", "tf_v1", "TFSliceCodec", CodecTier.LOOSE, claim=Claim(blob=True)),
@@ -153,6 +157,7 @@ BUILTIN: dict[str, tuple[Builtin, ...]] = {
     "ckptview.layouts": (
         Builtin("paddle-fluid", "paddle", "PaddleFluidLayout", LayoutTier.SPECIFIC),
         Builtin("paddle-incubate", "paddle", "PaddleIncubateLayout", LayoutTier.SPECIFIC),
+        Builtin("paddlenlp-trainer", "paddle_nlp", "PaddleNLPTrainerLayout", LayoutTier.SPECIFIC),
         Builtin("hf-trainer", "hf", "HFTrainerLayout", LayoutTier.FRAMEWORK),
         Builtin("orbax", "orbax", "OrbaxLayout", LayoutTier.FRAMEWORK),
         Builtin("paddle-dcp", "paddle_dcp", "PaddleDcpLayout", LayoutTier.FRAMEWORK),

@@ -18,7 +18,7 @@ from conftest import CORPUS
 import ckptview as cv
 from ckptview import registry
 from ckptview.dtypes import np_dtype
-from ckptview.testing import check_files, check_serials, check_variables
+from ckptview.testing import LayoutSuite, check_files, check_serials, check_variables
 
 SKIP_NAMES = {"INDEX.json", "ground_truth.json"}
 
@@ -323,3 +323,32 @@ def test_big_file_scan_is_header_only(rel):
     cat.variables  # noqa: B018
     got = cat.storage.counters.bytes_read
     assert got <= max(16 << 10, size // 8), f"{rel}: read {got} of {size} bytes"
+
+
+# -- the layout suite on layouts whose trees are written here ---------------------------------
+class TestPaddleNLPTrainerSuite(LayoutSuite):
+    """PaddleNLP ``checkpoint-N/`` runs (single and sharded weights)."""
+
+    layout = "paddlenlp-trainer"
+
+    def make_trees(self, directory: Path) -> list[Path]:
+        from test_paddle_nlp import write_run
+
+        return [write_run(directory / "out"), write_run(directory / "sharded", sharded=True)]
+
+
+class TestPerStepFilesSuite(LayoutSuite):
+    """Directories of per-step files (``numbered``): Paddle hapi pairs, Keras, GGUF."""
+
+    layout = "numbered"
+
+    def make_trees(self, directory: Path) -> list[Path]:
+        from test_per_step_files import write_gguf, write_hapi, write_weights_h5
+
+        keras, gguf = directory / "keras", directory / "gguf"
+        keras.mkdir(parents=True)
+        gguf.mkdir(parents=True)
+        for step in (100, 200, 300):
+            write_weights_h5(keras / f"mlp_step_{step}.weights.h5", step)
+            write_gguf(gguf / f"mlp_iter_{step}.gguf", step)
+        return [write_hapi(directory / "hapi"), keras, gguf]

@@ -17,9 +17,6 @@ from conftest import CORPUS
 ORACLE = Path(os.environ.get("CKPTVIEW_ORACLE", CORPUS.parent / "oracle")).resolve()
 LINE = re.compile(r"^oracle(?: \(deep\))?: (\d+)/(\d+) verdicts agree, (\d+) false-loadable, "
                   r"(\d+) false-alarms, (\d+) value mismatches, (\d+) latest mismatches$")  # fmt: skip
-#: what no header or checksum shows: a Keras ``.weights.h5`` of another run, opened alone
-#: (the file holds no architecture; Keras refuses it when loading into the run's model)
-KNOWN = {("keras", "foreign_shape_other_run")}
 
 
 def run_oracle(tmp_path: Path, deep: bool) -> tuple[list[int], dict]:
@@ -37,11 +34,8 @@ def run_oracle(tmp_path: Path, deep: bool) -> tuple[list[int], dict]:
 
 def test_deep_verdicts_agree_with_the_frameworks(tmp_path):
     (agree, total, false_loadable, alarms, values, latest), report = run_oracle(tmp_path, True)
-    assert (alarms, values, latest) == (0, 0, 0)
-    wrong = {(d["base"].split("_")[0], d["kind"]) for d in report["disagreements"]
-             if d["cell"] == "FALSE_LOADABLE"}  # fmt: skip
-    assert wrong <= KNOWN, wrong
-    assert false_loadable <= 2 and agree == total - false_loadable and total >= 1000
+    assert (false_loadable, alarms, values, latest) == (0, 0, 0, 0), report["disagreements"][:3]
+    assert agree == total >= 1000
 
 
 def test_header_verdicts_miss_only_what_needs_the_bytes(tmp_path):
@@ -51,7 +45,7 @@ def test_header_verdicts_miss_only_what_needs_the_bytes(tmp_path):
     (_, total, _, alarms, values, _), report = run_oracle(tmp_path, False)
     assert (alarms, values) == (0, 0) and total >= 1000
     for d in report["disagreements"]:
-        if d["cell"] != "FALSE_LOADABLE" or (d["base"].split("_")[0], d["kind"]) in KNOWN:
+        if d["cell"] != "FALSE_LOADABLE":
             continue
         deep = d["verify"]["deep"]
         assert deep.get("errors", 0) > 0, d

@@ -259,3 +259,36 @@ def test_a_single_torch_file_pickling_a_class_is_not_loadable_but_reads(tmp_path
     assert "refuses global mylib.config.TrainConfig" in cat.serials["error"].iloc[0]
     assert cat.latest is None
     np.testing.assert_array_equal(cat.read("w", serial=int(cat.serials.index[0])), W)
+
+
+# -- Keras: a save of another run does not fit the run's model ---------------------------------
+def keras_run(root: Path, sizes: dict[int, int]) -> Path:
+    """``mlp_step_N.weights.h5`` files whose hidden layer has ``sizes[N]`` units."""
+    import h5py
+
+    root.mkdir(parents=True, exist_ok=True)
+    for step, hidden in sizes.items():
+        with h5py.File(root / f"mlp_step_{step}.weights.h5", "w") as f:
+            f.create_dataset("layers/dense/vars/0", data=np.ones((4, hidden), np.float32))
+            f.create_dataset("layers/dense/vars/1", data=np.zeros(hidden, np.float32))
+    return root
+
+
+def test_a_keras_save_of_another_run_does_not_load_in_the_run(tmp_path):
+    run = keras_run(tmp_path / "run", {100: 8, 200: 8, 300: 8, 400: 16})
+    cat = cv.open(run, cache=False)
+    assert cat.serials["loadable"].tolist() == [True, True, True, False]
+    assert "do not fit the model of the run's other serials" in cat.serials.loc[400, "error"]
+    assert "layers/dense/vars/1 [16] vs [8]" in cat.serials.loc[400, "error"]
+    assert cat.latest == 300
+
+
+def test_a_keras_file_opened_alone_is_held_to_its_two_nearest_siblings(tmp_path):
+    run = keras_run(tmp_path / "run", {100: 8, 200: 8, 300: 8, 400: 16})
+    alone = cv.open(run / "mlp_step_400.weights.h5", cache=False)
+    assert not alone.serials["loadable"].any()
+    assert "mlp_step_300.weights.h5" in alone.serials["error"].iloc[0]
+    # 300's nearest siblings disagree (200 fits, 400 does not): nothing is said
+    assert cv.open(run / "mlp_step_300.weights.h5", cache=False).serials["loadable"].all()
+    lone = keras_run(tmp_path / "lone", {100: 16})
+    assert cv.open(lone / "mlp_step_100.weights.h5", cache=False).serials["loadable"].all()

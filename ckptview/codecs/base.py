@@ -68,6 +68,10 @@ class Codec:
         """A quantized variable's values as stored (its blocks); default: :meth:`read`."""
         return self.read(blob, var)
 
+    #: True when the framework loads a save into a model built at the run's shapes (Keras
+    #: ``load_weights``): a serial whose shapes differ from the run's does not load
+    loads_into_model: ClassVar[bool] = False
+
     def checksums(self, blob: Blob, variables: Sequence[VarInfo]) -> Iterator[tuple[str, str]]:
         """``(variable name, problem)`` for each checksum the format stores that the bytes fail
         (deep verify reads them); a format without per-variable checksums yields nothing."""

@@ -42,6 +42,7 @@ class GGUFCodec(Codec):
 
     name = "gguf"
     suffixes = (".gguf",)
+    save_suffixes = suffixes
     magic = (MAGIC,)
     priority = CodecTier.FORMAT
 

@@ -193,7 +193,9 @@ class KerasCodec(Codec):
 
     name = "keras"
     suffixes = (".keras", ".weights.h5", ".h5", ".hdf5")
+    save_suffixes = suffixes
     priority = CodecTier.LOOSE
+    loads_into_model = True  # model.load_weights refuses a layer of another shape
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:
         name = filename.lower()

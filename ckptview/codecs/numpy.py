@@ -1,7 +1,9 @@
 """NumPy ``.npy`` (NEP 1, versions 1-3) and ``.npz`` (a zip of ``.npy`` members).
 
-Headers are parsed with ``ast.literal_eval`` (never a pickle); object arrays are listed with
-their shape and an error row (their values are a pickle, never run).
+Headers are parsed with ``ast.literal_eval`` (never a pickle). Object arrays (``np.save`` of a
+list of arrays) are read through the restricted pickle VM: the array and each numeric element
+are listed (:mod:`ckptview.formats.npy_objects`, rows marked ``attrs["needs_pickle"]``), anything
+else is an error row naming it.
 Stored npz members are Spans at offsets computed from their local zip headers; deflated
 members are inflated by streaming, and listing inflates only the first bytes of each.
 """
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import dtype_name
+from ..formats.inflate import inflate
 from ..formats.zipdir import DEFLATED, STORED, ZipEntry, locate, read_directory
 from ..formats.zipdir import read as zip_read
 from ..io import Blob, TruncatedError
@@ -29,8 +32,6 @@ PY2_LONG = re.compile(r"(\d)L\b")
 NEEDS_PICKLE = "object array: its values are a pickle, which ckptview never runs"
 MAX_HEADER = 1 << 20  # numpy itself refuses headers over 10 000 bytes unless told otherwise
 _LOCAL = struct.Struct("<4s5H3L2H")  # zip local file header (30 bytes)
-_INFLATE_OUT = 8 << 20  # inflated bytes per decompress call
-_INFLATE_STEP = 64 << 10
 _PEEK = 256  # first bytes of each member read with its local header: the .npy header
 
 
@@ -131,12 +132,21 @@ class NpyCodec(Codec):
         if blob.size == 0:
             raise ValueError("empty file: no .npy header")
         header = parse_npy_header(blob.head(), lambda n: blob.read_upto(0, n))
-        end = header.data_offset + (0 if header.dtype.hasobject else header.nbytes)
+        if header.dtype.hasobject:  # a pickle of the elements, run by the restricted VM
+            from ..formats.npy_objects import object_array_vars
+
+            return object_array_vars("", blob, header.data_offset, blob.size, header.shape)
+        end = header.data_offset + header.nbytes
         if end > blob.size:
             raise TruncatedError(
                 f"{blob.name}: values need bytes up to {end}, the file has {blob.size}"
             )
         return [npy_var("", blob.path, header, header.data_offset)]
+
+    def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
+        if var.span is None:  # an object array or one of its elements
+            return _read_object(blob, var)
+        return super().read(blob, var)
 
 
 @dataclass
@@ -177,9 +187,13 @@ class NpzCodec(Codec):
             raise ValueError(f"{blob.name}: not a readable zip ({e})") from None
         # every local header with the first bytes of its member (the .npy header), one batch
         found = locate(blob, entries, peek=_PEEK)
-        return [self._member(blob, e, got) for e, got in zip(entries, found, strict=True)]
+        return [
+            v for e, got in zip(entries, found, strict=True) for v in self._member(blob, e, got)
+        ]
 
-    def _member(self, blob: Blob, info: ZipEntry, got: tuple[int, bytes] | Exception) -> VarInfo:
+    def _member(self, blob: Blob, info: ZipEntry,
+                got: tuple[int, bytes] | Exception) -> list[VarInfo]:  # fmt: skip
+        """A member's rows: one, or an object array's rows (itself and its elements)."""
         name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
         try:
             if isinstance(got, Exception):
@@ -190,24 +204,31 @@ class NpzCodec(Codec):
             if not info.filename.endswith(".npy"):
                 var = VarInfo(name, "object", (), nbytes=info.file_size)
                 var.locator = ("raw", start, info.compress_size, info.compress_type)
-                return var
+                return [var]
             if info.compress_type == STORED:
                 header = parse_npy_header(peeked, lambda n: _more(blob, start, peeked, n))
-                if not header.dtype.hasobject and (
-                    header.data_offset + header.nbytes > info.file_size
-                ):
+                if header.dtype.hasobject:
+                    from ..formats.npy_objects import object_array_vars
+
+                    return object_array_vars(name, blob, start + header.data_offset,
+                                             start + info.file_size, header.shape)  # fmt: skip
+                if header.data_offset + header.nbytes > info.file_size:
                     raise TruncatedError(f"member {info.filename} is shorter than its header says")
-                return npy_var(name, blob.path, header, start + header.data_offset)
+                return [npy_var(name, blob.path, header, start + header.data_offset)]
             if info.compress_type != DEFLATED:
                 raise ValueError(f"zip compression method {info.compress_type} is not supported")
 
             def inflated(n: int) -> bytes:
-                pieces = _inflate(blob, start, info.compress_size, 0, n, step=1024, first=peeked)
+                pieces = inflate(blob, start, info.compress_size, 0, n, step=1024, first=peeked)
                 return b"".join(pieces)
 
             header = parse_npy_header(inflated(256), inflated)
             if header.dtype.hasobject:
-                return npy_var(name, blob.path, header, None)
+                from ..formats.npy_objects import Deflated, object_array_vars
+
+                where = Deflated(start, info.compress_size, info.file_size)
+                return object_array_vars(name, where.stream(blob), header.data_offset,
+                                         info.file_size, header.shape, where)  # fmt: skip
             if header.data_offset + header.nbytes > info.file_size:
                 raise TruncatedError(f"member {info.filename} is shorter than its header says")
             var = npy_var(name, blob.path, header, None)
@@ -221,9 +242,9 @@ class NpzCodec(Codec):
                 order,
                 info.CRC,
             )
-            return var
+            return [var]
         except Exception as e:  # noqa: BLE001 - one bad member is an error row, not a failed file
-            return VarInfo(name, "object", (), error=f"{type(e).__name__}: {e}"[:300])
+            return [VarInfo(name, "object", (), error=f"{type(e).__name__}: {e}"[:300])]
 
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
         loc = var.locator
@@ -243,7 +264,9 @@ class NpzCodec(Codec):
             _, start, size, method = loc
             if method == STORED:
                 return np.array(blob.read(start, size), dtype=object)
-            return np.array(b"".join(_inflate(blob, start, size, 0, var.nbytes)), dtype=object)
+            return np.array(b"".join(inflate(blob, start, size, 0, var.nbytes)), dtype=object)
+        if var.span is None:  # an object array or one of its elements
+            return _read_object(blob, var)
         return super().read(blob, var)
 
     def iter_chunks(self, blob: Blob, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
@@ -263,11 +286,18 @@ class NpzCodec(Codec):
             yield np.frombuffer(pending, dtype=dt).astype(dt.newbyteorder("="))
 
 
+def _read_object(blob: Blob, var: VarInfo) -> np.ndarray:
+    """Values of an object array's row (imports the pickle VM on first use only)."""
+    from ..formats.npy_objects import read_object
+
+    return read_object(blob, var)
+
+
 def _checked(blob: Blob, loc: _Member, name: str) -> Iterator[bytes]:
     """A deflated member's values in pieces; the CRC-32 is verified after the last one."""
     crc = 0
     got = 0
-    for piece in _inflate(blob, loc.offset, loc.compressed, 0, loc.skip + loc.nbytes):
+    for piece in inflate(blob, loc.offset, loc.compressed, 0, loc.skip + loc.nbytes):
         crc = zlib.crc32(piece, crc)
         head = max(0, loc.skip - got)
         got += len(piece)
@@ -297,44 +327,3 @@ def _payload_offset(blob: Blob, info) -> int:
         raise ValueError(f"member {info.filename}: bad local header signature")
     name_len, extra_len = fields[-2], fields[-1]
     return info.header_offset + _LOCAL.size + name_len + extra_len
-
-
-def _inflate(
-    blob: Blob, offset: int, size: int, skip: int, want: int, step: int = _INFLATE_STEP,
-    first: bytes = b"",
-) -> Iterator[bytes]:  # fmt: skip
-    """Inflate raw-deflate bytes at ``offset``; yield output ``[skip, skip + want)`` in pieces.
-
-    Reads ``step`` compressed bytes at a time and never produces more than asked for;
-    ``first``: compressed bytes at ``offset`` in hand already (not read again).
-    """
-    d = zlib.decompressobj(-zlib.MAX_WBITS)
-    first = first[:size]
-    pos, end = offset + len(first), offset + size
-    to_skip, left, drained = skip, want, False
-    while left > 0:
-        if d.unconsumed_tail:
-            chunk = d.unconsumed_tail
-        elif first:
-            chunk, first = first, b""
-        elif pos < end:
-            n = min(step, end - pos)
-            chunk = blob.read(pos, n)
-            pos += n
-        elif not drained:  # input used up: what zlib still holds (a match cut at max_length)
-            chunk, drained = b"", True
-        else:
-            break
-        try:  # at most _INFLATE_OUT per call: one compressed step may inflate 1000-fold
-            out = d.decompress(chunk, min(to_skip + left, _INFLATE_OUT))
-        except zlib.error as e:
-            raise ValueError(f"corrupt deflate stream: {e}") from None
-        if to_skip:
-            cut = min(to_skip, len(out))
-            out, to_skip = out[cut:], to_skip - cut
-        if out:
-            out = out[:left]
-            left -= len(out)
-            yield out
-        if d.eof:
-            break

@@ -25,7 +25,7 @@ class PaddlePickleCodec(Codec):
     """``paddle.save`` pickles: ``.pdparams``, ``.pdopt``, ``.pdckpt`` and other array pickles."""
 
     name = "paddle-pickle"
-    save_suffixes = (".pkl",)
+    save_suffixes = (".pdparams", ".pdopt", ".pkl")
     priority = CodecTier.CONTAINER
 
     def guess_can_open(self, filename: str, head: bytes) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from ..model import STAGE_DIR, FileRef, Op, Piece, SerialInfo, TreeScan, VarInfo
@@ -219,6 +219,19 @@ VERSION = re.compile(
 SEP = re.compile(r"[_\-.=\s]+")
 
 
+#: a GGUF quantization tag (``Q4_K_M``, ``Q8_0``, ``IQ2_XXS``): a type, not a serial
+QUANT_TAG = re.compile(r"(?<![a-z0-9])i?q\d(?:_[a-z0-9]{1,3})+(?![a-z0-9])", re.I)
+#: a decimal a name template carries (Keras ``{val_loss:.2f}``): a metric, not a serial;
+#: ``key`` is the word just before it (``val_loss_0.41``, ``loss=0.41``), when there is one
+METRIC = re.compile(
+    r"(?:(?<![a-z0-9])(?P<key>[a-z][a-z_]*?)[_=\-]?)?"
+    r"(?<![\d.])(?P<value>\d+\.\d+(?:e[-+]?\d+)?)(?![\d.])",
+    re.I,
+)
+#: the metric name of a decimal whose name template does not say (``weights.07-0.41``)
+FILENAME_METRIC = "filename_metric"
+
+
 @dataclass
 class Parsed:
     """What a file or dir name says: serial, step/epoch when named, and its template."""
@@ -227,13 +240,36 @@ class Parsed:
     step: int | None
     epoch: int | None
     label: str  # the name without the serial's number (and its keyword)
+    #: decimals the name carries, by their word (``val_loss``) or :data:`FILENAME_METRIC`
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def name_metrics(stem: str) -> tuple[str, dict[str, float]]:
+    """``stem`` without the decimals it carries, and those as metrics: Keras
+    ``ModelCheckpoint`` templates such as ``weights.{epoch:02d}-{val_loss:.2f}`` give
+    ``("weights.07", {"filename_metric": 0.41})``; ``loss_0.41`` names its metric ``loss``."""
+    metrics: dict[str, float] = {}
+
+    def take(m: re.Match) -> str:
+        key = (m["key"] or "").strip("_").lower()
+        if key in STEP_WORDS | SAVE_WORDS | EPOCH_WORDS:
+            return m[0]  # ``step_1.5``: not a metric template
+        metrics[key or FILENAME_METRIC] = float(m["value"])
+        return "_"
+
+    return METRIC.sub(take, stem), metrics
 
 
 def parse_name(stem: str) -> Parsed | None:
-    """The serial a file stem (name without extension) names, or None."""
+    """The serial a file stem (name without extension) names, or None.
+
+    Versions (``pt2.5.1``), GGUF quantization tags (``Q4_K_M``) and shard numbers are never
+    serials. Decimals are metrics (:func:`name_metrics`); in a name with a metric and no
+    step keyword, the serial is taken for the epoch (Keras ``{epoch:02d}-{val_loss:.2f}``)."""
     if SHARD_RUN.search(stem):
         return None
-    parts = [p for p in SEP.split(VERSION.sub("", stem.lower())) if p]
+    text, metrics = name_metrics(QUANT_TAG.sub("_", VERSION.sub("", stem)))
+    parts = [p for p in SEP.split(text.lower()) if p]
     cands: list[tuple[int, str, int, int]] = []  # (rank, keyword, value, part index)
     for i, part in enumerate(parts):
         if part.isdigit():
@@ -247,12 +283,14 @@ def parse_name(stem: str) -> Parsed | None:
     epoch = next((v for r, w, v, _ in cands if w in EPOCH_WORDS), None)
     best = min(cands, key=lambda c: (c[0], -c[3]))
     rank, word, value, index = best
+    if metrics and step is None and epoch is None:
+        epoch = value
     label_parts = [
         p
         for j, p in enumerate(parts)
         if j != index and not (j == index - 1 and p == word and word in DROP_WORDS)
     ]
-    return Parsed(value, step, epoch, "_".join(label_parts))
+    return Parsed(value, step, epoch, "_".join(label_parts), metrics)
 
 
 def _rank(word: str, bare: bool = False) -> int:

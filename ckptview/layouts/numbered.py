@@ -17,6 +17,17 @@ under ``.ckptview/tmp/`` and renamed into place last (a numbered dir in one rena
 deleted numbered dir is first renamed there (``Layout.stage_in_meta``).
 Which files are checkpoints: the endings codecs declare as ``save_suffixes``
 (:func:`ckptview.registry.save_suffixes`); names parse with :func:`.base.parse_name`.
+
+A template is a name without its number *and* its ending, so Paddle hapi's ``100.pdparams`` +
+``100.pdopt`` (``Model.save``: the number is the epoch) are two templates of serial 100: the
+``.pdopt`` file's variables are ``optimizer/…`` of kind optimizer, and a serial whose partner
+file is missing is incomplete. ``final.pdparams``, ``best.pt`` … name no serial: they are listed
+in ``attrs["unnumbered_files"]``. Decimals in a name are the serial's ``metrics`` (Keras
+``ModelCheckpoint``'s ``weights.{epoch:02d}-{val_loss:.2f}.weights.h5`` -> ``weights.07-0.41``:
+serial and epoch 7, ``{"filename_metric": 0.41}``; where the template writes the metric's word,
+that word: ``loss_0.41`` gives ``loss``).
+A tree that is one file of a family that joined later (:data:`DIR_ONLY`) opens as before, with
+the ``files`` layout.
 """
 
 from __future__ import annotations
@@ -28,14 +39,30 @@ from .. import registry
 from ..formats.hf_files import weight_refs
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
-from .base import Layout, LayoutTier, Parsed, parse_name
+from .base import Layout, LayoutTier, Parsed, parse_name, renumber
+
+#: endings numbered in a directory only: a tree that is one such file keeps the ``files``
+#: layout (serial 0) it always had (Paddle pickles, Keras HDF5, GGUF)
+DIR_ONLY = (".pdparams", ".pdopt", ".weights.h5", ".keras", ".h5", ".hdf5", ".gguf")
+#: the kind of a file's variables by its ending (its template's words say nothing)
+SUFFIX_KINDS = {".pdopt": "optimizer"}
+#: the prefix of a template told apart from another by its ending alone
+SUFFIX_PREFIXES = {".pdopt": "optimizer", ".pdparams": "model"}
+#: endings whose bare-number files are numbered by epoch (Paddle hapi ``ModelCheckpoint``)
+EPOCH_SUFFIXES = (".pdparams", ".pdopt")
+
+Template = tuple[str, str]  # (label, ending)
 
 
 def _stem(name: str, suffixes: tuple[str, ...]) -> str:
-    for suffix in suffixes:
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+    suffix = _suffix(name, suffixes)
+    return name[: -len(suffix)] if suffix else name
+
+
+def _suffix(name: str, suffixes: tuple[str, ...]) -> str:
+    """The (lower-case) save ending ``name`` has, longest first; "" for none."""
+    low = name.lower()
+    return next((s for s in suffixes if low.endswith(s)), "")
 
 
 class NumberedLayout(Layout):
@@ -60,7 +87,11 @@ class NumberedLayout(Layout):
         out = {}
         for rel in tree.files(depth=1):
             name = posixpath.basename(rel)
-            if name.lower().endswith(suffixes) and (p := parse_name(_stem(name, suffixes))):
+            if not name.lower().endswith(suffixes):
+                continue
+            if tree.single and name.lower().endswith(DIR_ONLY):
+                continue
+            if p := parse_name(_stem(name, suffixes)):
                 out[rel] = p
         return out
 
@@ -84,29 +115,38 @@ class NumberedLayout(Layout):
         by_serial: dict[int, list[str]] = {}
         for rel, p in files.items():
             by_serial.setdefault(p.serial, []).append(rel)
-        labels = Counter(p.label for p in files.values())
+        keys = {rel: (p.label, _suffix(posixpath.basename(rel), suffixes))
+                for rel, p in files.items()}  # fmt: skip
+        counts = Counter(keys.values())
+        shared = {label for label, n in Counter(k[0] for k in counts).items() if n > 1}
         many = any(len(v) > 1 for v in by_serial.values())
-        main = _main_label(labels) if many else None
+        main = _main_template(counts) if many else None
         serials = []
         for serial, rels in sorted(by_serial.items()):
             refs = []
             for rel in sorted(rels):
-                p = files[rel]
-                prefix = (
-                    ""
-                    if not many or p.label == main
-                    else p.label or _stem(posixpath.basename(rel), suffixes)
-                )
-                kind = _kind(p.label)
+                label, suffix = keys[rel]
+                if not many or keys[rel] == main:
+                    prefix = ""
+                elif label in shared:  # told apart by the ending: 100.pdparams / 100.pdopt
+                    ending = SUFFIX_PREFIXES.get(suffix, suffix.strip(".").replace(".", "_"))
+                    prefix = "_".join(filter(None, [label, ending]))
+                else:
+                    prefix = label or _stem(posixpath.basename(rel), suffixes)
+                kind = _kind(label) or SUFFIX_KINDS.get(suffix)
                 refs.append(FileRef(tree.abs(rel), prefix=prefix, kind=kind, size=tree.size(rel)))
             steps = {files[r].step for r in rels} - {None}
             epochs = {files[r].epoch for r in rels} - {None}
+            if not epochs and all(keys[r][0] == "" and keys[r][1] in EPOCH_SUFFIXES for r in rels):
+                epochs = {serial}  # hapi: ``{epoch}.pdparams``
+            metrics: dict[str, float] = {}
+            for r in rels:
+                metrics.update(files[r].metrics)
             path = next((r.path for r in refs if not r.prefix), refs[0].path)
-            serials.append(
-                SerialInfo(serial, path, files=refs, step=_one(steps), epoch=_one(epochs))
-            )
+            serials.append(SerialInfo(serial, path, files=refs, step=_one(steps),
+                                      epoch=_one(epochs), metrics=metrics))  # fmt: skip
         if many:
-            _mark_missing_templates(serials, [{files[r].label for r in by_serial[s.serial]}
+            _mark_missing_templates(serials, [{keys[r]: r for r in by_serial[s.serial]}
                                               for s in serials])  # fmt: skip
         numbered = set(files)
         loose = [
@@ -114,7 +154,7 @@ class NumberedLayout(Layout):
         ]
         scan = TreeScan(serials)
         if loose:
-            scan.attrs["unnumbered_files"] = loose  # last.pt, best.pt …: which serial is unknown
+            scan.attrs["unnumbered_files"] = loose  # last.pt, final.pdparams …: which serial?
         return scan
 
     def _scan_dirs(self, tree: Tree, dirs: dict[str, Parsed]) -> TreeScan:
@@ -144,24 +184,42 @@ class NumberedLayout(Layout):
         return TreeScan(serials)
 
 
-def _mark_missing_templates(serials: list[SerialInfo], labels: list[set[str]]) -> None:
-    """Mark incomplete a serial lacking a file template every other serial has."""
+def _mark_missing_templates(serials: list[SerialInfo], found: list[dict[Template, str]]) -> None:
+    """Mark incomplete a serial lacking a file template every other serial has (``found``:
+    per serial, template -> one of its files), naming the file it lacks."""
     for i, info in enumerate(serials):
-        others = labels[:i] + labels[i + 1 :]
+        others = [(s.serial, f) for j, (s, f) in enumerate(zip(serials, found)) if j != i]
         if not others:
             continue
-        missing = set.intersection(*others) - labels[i]
+        missing = set.intersection(*(set(f) for _, f in others)) - set(found[i])
         if missing:
             info.complete = False
-            names = ", ".join(repr(m or "(plain)") for m in sorted(missing))
+            serial, example = others[0]
+            names = ", ".join(_missing_name(example[key], serial, info.serial)
+                              for key in sorted(missing))  # fmt: skip
             info.error = f"no {names} file, which every other serial has: cut short"
 
 
-def _main_label(labels: Counter) -> str | None:
-    """The naming template that keeps plain variable names (None: every file is prefixed)."""
-    top = labels.most_common(2)
-    if len(top) == 1 or top[0][1] > top[1][1]:
-        return top[0][0]
+def _missing_name(example: str, old: int, new: int) -> str:
+    """The file serial ``new`` lacks, named after serial ``old``'s file of that template."""
+    name = posixpath.basename(example)
+    try:
+        return repr(renumber(name, old, new))
+    except ValueError:
+        return repr(name)
+
+
+def _main_template(counts: Counter) -> Template | None:
+    """The template that keeps plain variable names (None: every file is prefixed). A tie
+    between templates differing by their ending only goes to the one not of a kind
+    (``100.pdparams`` over ``100.pdopt``)."""
+    top = counts.most_common()
+    best = [k for k, n in top if n == top[0][1]]
+    if len(best) == 1:
+        return best[0]
+    plain = [k for k in best if _kind(k[0]) is None and k[1] not in SUFFIX_KINDS]
+    if len({k[0] for k in best}) == 1 and len(plain) == 1:
+        return plain[0]
     return None
 
 

@@ -19,6 +19,7 @@ from ..tree import Tree
 from .cache import HeaderCache, deep_key, resolve
 from .listing import FileResult, default_executor, paused_gc, run_listings
 from .logical import ASSEMBLED, Logical, Placed, assemble, iter_assembled, read_assembled
+from .peers import drift
 from .quant import QUANTIZED, iter_quantized, read_quantized
 from .quant import group as group_quantized
 from .slimmed import read_slimmed
@@ -177,7 +178,7 @@ class Scan:
         def build() -> pd.DataFrame:
             results = self.logical().results
             return serials_table(self.tree, self.tree_scan, results, read_slimmed(self.tree),
-                                 self._deep_findings())  # fmt: skip
+                                 self._deep_findings(), drift(self.tree, results))  # fmt: skip
 
         return self._table("serials", build)
 

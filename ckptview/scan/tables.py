@@ -318,8 +318,8 @@ def pickled(variables: Sequence[VarInfo]) -> list[VarInfo]:
     return [v for v in variables if v.attrs and v.attrs.get("needs_pickle")]
 
 
-def verdicts(s: SerialInfo, files: list[FileResult],
-             deep: Sequence[str] = ()) -> tuple[bool, str | None, bool, str | None]:  # fmt: skip
+def verdicts(s: SerialInfo, files: list[FileResult], deep: Sequence[str] = (),
+             misfit: Sequence[str] = ()) -> tuple[bool, str | None, bool, str | None]:  # fmt: skip
     """``(complete, error, loadable, warning)`` of one serial (DESIGN.md §3c).
 
     ``error``: the serial's own problem and those of the files its resume reads; ``warning``:
@@ -329,6 +329,7 @@ def verdicts(s: SerialInfo, files: list[FileResult],
     errors += [m for r in files if r.ref.expects is not None and (m := index_mismatch(r))]
     warnings = [f"{_name(r)}: {r.error}" for r in files if r.error and not blocking(r)]
     complete = s.complete if s.complete is not None else not errors
+    errors += list(misfit)  # shapes the run's model refuses: complete, but it does not load
     if deep:  # what only the bytes tell: the serial does not load, its files are all there
         more = f" (+{len(deep) - 3} more)" if len(deep) > 3 else ""
         errors.append(f"deep verify: {'; '.join(deep[:3])}{more}")
@@ -353,7 +354,8 @@ def verdicts(s: SerialInfo, files: list[FileResult],
 
 def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
                   slimmed: dict[int, dict] | None = None,
-                  deep: dict[int, list[str]] | None = None) -> pd.DataFrame:  # fmt: skip
+                  deep: dict[int, list[str]] | None = None,
+                  misfit: dict[int, list[str]] | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per serial (index: serial); ``latest`` marks :func:`latest_from`'s pick;
     ``slimmed`` serials (optimizer state deleted by retention) are never loadable."""
     by_serial: dict[int, list[FileResult]] = {}
@@ -362,7 +364,8 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
     rows = []
     for s in sorted(found.serials, key=lambda s: s.serial):
         files = by_serial.get(s.serial, [])
-        complete, error, loadable, warning = verdicts(s, files, (deep or {}).get(s.serial, ()))
+        complete, error, loadable, warning = verdicts(
+            s, files, (deep or {}).get(s.serial, ()), (misfit or {}).get(s.serial, ()))
         if slimmed and s.serial in slimmed:
             freed = int(slimmed[s.serial].get("nbytes", 0))
             note = f"slimmed: optimizer state deleted ({freed} bytes), not a resume point"
