@@ -125,12 +125,17 @@ def test_all_dtypes_round_trip(tmp_path):
         np.testing.assert_array_equal(got.astype(np.complex128), a.astype(np.complex128))
 
 
-def test_unknown_dtype_is_opaque_bytes(tmp_path):
+def test_unknown_dtype_is_an_error_safe_open_would_raise(tmp_path):
+    """safetensors refuses a dtype it does not define: listed (bytes, shape), in error, and
+    the serial does not load (DESIGN.md §3c)."""
     (tmp_path / "x.safetensors").write_bytes(st_bytes({"q": ("F3_NEW", [4], b"\x12\x34")}))
     cat = cv.open(tmp_path / "x.safetensors")
     row = cat.variables.iloc[0]
-    assert row["dtype"] == "object" and row["nbytes"] == 2 and pd.isna(row["error"])
-    assert cat.read("q").tobytes() == b"\x12\x34"
+    assert row["dtype"] == "object" and row["nbytes"] == 2
+    assert "unknown safetensors dtype 'F3_NEW'" in row["error"]
+    assert not cat.serials["loadable"].any()
+    with pytest.raises(ValueError, match="unknown safetensors dtype"):
+        cat.read("q")
 
 
 # -- bad input ---------------------------------------------------------------------------------

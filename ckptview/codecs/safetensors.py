@@ -430,8 +430,9 @@ def _entry_var(path: str, name: str, entry: object, data_start: int) -> VarInfo:
             var.error = f"{code}{list(shape)} needs {want} bytes, data_offsets give {end - begin}"
         return var
     info = _INFO.get(code) if isinstance(code, str) else None
-    if info is None:  # unknown codes: listed as opaque bytes
-        return VarInfo(name, "object", tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
+    if info is None:  # safetensors refuses a dtype it does not define: the raw bytes, in error
+        return VarInfo(name, "object", tuple(shape), nbytes=end - begin, span=span, attrs=attrs,
+                       error=f"unknown safetensors dtype {code!r}: safe_open refuses the file")
     dtype, itemsize, disk, _ = info
     var = VarInfo(name, dtype, tuple(shape), nbytes=end - begin, span=span, attrs=attrs)
     want = var.numel * itemsize

@@ -21,7 +21,13 @@ Signature = frozenset[tuple[str, tuple[int, ...]]]
 
 def loads_into_model(res: FileResult) -> bool:
     """Whether the framework loads this file into a model built at the run's shapes."""
-    return res.codec is not None and getattr(registry.get_codec(res.codec), "loads_into_model", False)
+    if res.codec is None:
+        return False
+    try:
+        codec = registry.get_codec(res.codec)
+    except ValueError:  # the logical view's assembled and quantized groups
+        return False
+    return bool(getattr(codec, "loads_into_model", False))
 
 
 def signature(results: list[FileResult]) -> Signature:
