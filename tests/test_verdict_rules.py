@@ -292,3 +292,24 @@ def test_a_keras_file_opened_alone_is_held_to_its_two_nearest_siblings(tmp_path)
     assert cv.open(run / "mlp_step_300.weights.h5", cache=False).serials["loadable"].all()
     lone = keras_run(tmp_path / "lone", {100: 16})
     assert cv.open(lone / "mlp_step_100.weights.h5", cache=False).serials["loadable"].all()
+
+
+# -- beside the run: nothing hostile sits unread, nothing empty goes unnamed ----------------
+def test_a_pickle_beside_the_run_that_would_run_code_is_named(tmp_path):
+    run = hf(tmp_path)
+    (run / "model_legacy.pth").write_bytes(_Emitter().dump([Glob("os", "system")]))
+    cat = cv.open(run, cache=False)
+    warned = [w for w in cat.attrs["warnings"] if "model_legacy.pth" in w]
+    assert warned and "os.system" in warned[0] and "runs code" in warned[0]
+    row = cat.files[cat.files["path"].str.endswith("model_legacy.pth")].iloc[0]
+    assert row["role"] == "unclaimed" and "os.system" in row["error"]
+    assert cat.latest == 300  # the run itself is untouched
+
+
+def test_empty_state_and_program_files_are_named(tmp_path):
+    run = hf(tmp_path)
+    (run / "checkpoint-300" / "generation_config.json").write_bytes(b"")
+    (run / "program.pdmodel").write_bytes(b"")
+    cat = cv.open(run, cache=False)
+    assert "empty file(s): generation_config.json" in cat.serials.loc[300, "warning"]
+    assert any("program.pdmodel: empty file" in w for w in cat.attrs["warnings"])

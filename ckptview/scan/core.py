@@ -14,10 +14,10 @@ from .. import registry
 from ..codecs.base import Codec
 from ..io import Blob, Storage
 from ..layouts.base import Layout
-from ..model import FileRef, SerialInfo, TreeScan, VarInfo, as_columns
+from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarInfo, as_columns
 from ..tree import Tree
 from .cache import HeaderCache, deep_key, resolve
-from .listing import FileResult, default_executor, paused_gc, run_listings
+from .listing import NO_CODEC, FileResult, default_executor, paused_gc, run_listings
 from .logical import ASSEMBLED, Logical, Placed, assemble, iter_assembled, read_assembled
 from .peers import drift
 from .quant import QUANTIZED, iter_quantized, read_quantized
@@ -33,6 +33,26 @@ from .tables import (
     var_name,
     variables_table,
 )
+
+
+def bare_pickle_problem(blob: Blob) -> str | None:
+    """What a plain pickle (no torch or numpy wrapper) would do if loaded: the global it
+    names that the restricted VM refuses, else None (it is inert data)."""
+    if blob.size < 2 or blob.head(1) != b"\x80":
+        return None
+    from ..formats.pickle import InertClasses, RestrictedUnpicklingError, load_pickle
+
+    try:
+        load_pickle(blob, allow=InertClasses())
+    except RestrictedUnpicklingError as e:
+        return f"a pickle the framework would load unsafely: {e}"
+    except Exception:  # noqa: BLE001 - not a pickle after all: no codec says more
+        return None
+    return None
+
+
+#: unclaimed checkpoint-like files listed per tree at most (the rest stay unread warnings)
+MAX_LOOSE = 256
 
 
 class Scan:
@@ -230,9 +250,33 @@ class Scan:
             found, results = self.tree_scan, self.file_results()
             markers = {s.serial: self._ask(self.layout.commit_markers, s) for s in found.serials}
             owned = {s.serial: self._ask(self.layout.serial_files, s) for s in found.serials}
-            return files_table(self.tree, found, results, markers, owned)
+            return files_table(self.tree, found, results, markers, owned,
+                               self._loose(results, owned))  # fmt: skip
 
         return self._table("files", build)
+
+    def _loose(self, results: list[FileResult], owned: dict[int, set[str]]) -> dict[str, FileResult]:
+        """Unclaimed files with a checkpoint suffix, listed (a pickle beside the run that
+        would run code when loaded is named, never left unread)."""
+        if self.tree.single:
+            return {}
+        taken = {self.tree.rel(r.ref.path) for r in results}.union(*owned.values())
+        for s in self.tree_scan.serials:
+            taken |= {self.tree.rel(p) for p in s.other_files}
+        suffixes = registry.known_suffixes()
+        rels = [rel for rel in self.tree.files() if rel not in taken and
+                rel.split("/", 1)[0] != META_DIR and rel.lower().endswith(suffixes)]  # fmt: skip
+        if not rels:
+            return {}
+        jobs = [(-1, FileRef(self.tree.abs(rel), size=self.tree.size(rel), optional=True))
+                for rel in rels[:MAX_LOOSE]]  # fmt: skip
+        out = {}
+        for res in self._run(jobs):
+            if res.codec is None and res.error == NO_CODEC:
+                res = FileResult(res.serial, res.ref, None, [], bare_pickle_problem(
+                    self.storage.blob(res.ref.path, res.ref.size)) or res.error)
+            out[self.tree.rel(res.ref.path)] = res
+        return out
 
     def _ask(self, hook: Callable[[Tree, SerialInfo], list[str]], info: SerialInfo) -> set[str]:
         """A layout hook's files of one serial (relative paths); none if it fails."""

@@ -375,7 +375,12 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
             r.ref.size if r.ref.size is not None else file_size(tree, r.ref.path) for r in files
         ]
         others = [p for p in s.other_files if p not in paths]
-        sizes += [file_size(tree, p) for p in others]
+        other_sizes = [file_size(tree, p) for p in others]
+        sizes += other_sizes
+        empty = [posixpath.basename(p) for p, n in zip(others, other_sizes, strict=True)
+                 if empty_problem(p, n)]  # fmt: skip
+        if empty:
+            warning = "; ".join(filter(None, [warning, f"empty file(s): {', '.join(empty)}"]))
         stamps = [file_mtime(tree, p) for p in paths + others]
         mtimes = [m for m in stamps if m is not None]
         timestamp = s.timestamp or (utc_time(max(mtimes)) if mtimes else None)
@@ -430,15 +435,28 @@ def metrics_table(found: TreeScan) -> pd.DataFrame:
     return df.astype({"serial": "int64", "value": "float64"})
 
 
+#: file endings whose empty file is a problem worth naming (a state file, a program)
+EMPTY_NAMED = (".json", ".pdmodel", ".pdiparams", ".index", ".metadata", ".yaml", ".pbtxt")
+
+
+def empty_problem(rel: str, size: int | None) -> str | None:
+    """``empty file`` for a zero-byte file whose kind is never empty, else None."""
+    if size == 0 and rel.lower().endswith(EMPTY_NAMED):
+        return "empty file (0 bytes)"
+    return None
+
+
 def files_table(tree: Tree, found: TreeScan, results: list[FileResult],
-                markers: dict[int, set[str]], owned: dict[int, set[str]]) -> pd.DataFrame:  # fmt: skip
+                markers: dict[int, set[str]], owned: dict[int, set[str]],
+                loose: dict[str, FileResult] | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per file under the root (DESIGN.md §3c): what the layout and codecs made of it.
 
     Listed files are ``data``; the other files of a serial are ``index``, ``marker`` (its
     commit markers), ``state`` or ``metadata``; files outside every serial are ``state``
     (pointers such as DeepSpeed's ``latest``, ckptview's ``.ckptview/``) or ``unclaimed``.
     ``owned``: every file of each serial (the layout's ``serial_files``), ``markers`` its
-    commit markers, both relative to the root."""
+    commit markers, both relative to the root; ``loose``: listings of unclaimed files with a
+    checkpoint suffix (relative path -> result), read so that nothing hostile sits unread."""
     url, rows, seen = tree.storage.url, [], set()
     for r in results:
         size = r.ref.size if r.ref.size is not None else file_size(tree, r.ref.path)
@@ -452,13 +470,19 @@ def files_table(tree: Tree, found: TreeScan, results: list[FileResult],
                 continue
             seen.add(rel)
             role = "marker" if rel in markers.get(s.serial, ()) else _role(rel)
-            rows.append((url(path), file_size(tree, path), s.serial, "", role, None, 0, None))
+            size = file_size(tree, path)
+            rows.append((url(path), size, s.serial, "", role, None, 0, empty_problem(rel, size)))
     if not tree.single:
         for rel in tree.files():
             if rel not in seen:
                 role = "state" if _is_state(rel) else "unclaimed"
-                rows.append((tree.url(rel), tree.size(rel), None, "", role, None, 0,
-                             found.file_errors.get(rel)))  # fmt: skip
+                got = (loose or {}).get(rel)
+                error = found.file_errors.get(rel) or empty_problem(rel, tree.size(rel))
+                if got is not None:
+                    rows.append((tree.url(rel), tree.size(rel), None, "", role, got.codec,
+                                 len(got.variables), error or got.error))  # fmt: skip
+                else:
+                    rows.append((tree.url(rel), tree.size(rel), None, "", role, None, 0, error))
     df = pd.DataFrame(rows, columns=FILE_COLUMNS)
     df["serial"] = df["serial"].astype("Int64")
     df["codec"] = _none_or_str(df["codec"])
