@@ -28,6 +28,7 @@ import posixpath
 import re
 from typing import Any
 
+from ..formats.hf_files import TRAINER_STATE_FIELDS, state_problem
 from ..formats.small import loads_json
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
@@ -50,14 +51,8 @@ STEMS = {
     "scheduler": ("scheduler", "scheduler"),
     "scaler": ("scaler", "trainer"),
 }
-#: ``paddlenlp.trainer.TrainerState`` fields: ``TrainerState(**json)`` fails on any other key
-STATE_FIELDS = frozenset({
-    "epoch", "global_step", "max_steps", "logging_steps", "eval_steps", "save_steps",
-    "train_batch_size", "num_train_epochs", "num_input_tokens_seen", "total_flos",
-    "log_history", "best_metric", "best_global_step", "best_model_checkpoint",
-    "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name",
-    "trial_params", "stateful_callbacks", "trained_samples", "consumed_samples",
-})  # fmt: skip
+#: ``paddlenlp.trainer.TrainerState`` fields: transformers' and two of its own
+STATE_FIELDS = TRAINER_STATE_FIELDS | {"trained_samples", "consumed_samples"}
 
 
 def _is_paddle_dir(tree: Tree, rel: str) -> bool:
@@ -79,9 +74,9 @@ def read_state(tree: Tree, rel: str) -> tuple[dict | None, str | None, bool]:
         return None, f"{STATE} unreadable: {e}", False
     if not isinstance(state, dict):
         return None, f"{STATE} is not a JSON object", True
-    extra = sorted(set(state) - STATE_FIELDS)
-    if extra:
-        return state, f"{STATE}: TrainerState(**json) rejects keys {extra}", True
+    problem = state_problem(state, STATE_FIELDS, STATE)
+    if problem:
+        return state, problem, True
     return state, None, True
 
 
