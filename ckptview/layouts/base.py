@@ -222,10 +222,13 @@ SEP = re.compile(r"[_\-.=\s]+")
 #: a GGUF quantization tag (``Q4_K_M``, ``Q8_0``, ``IQ2_XXS``): a type, not a serial
 QUANT_TAG = re.compile(r"(?<![a-z0-9])i?q\d(?:_[a-z0-9]{1,3})+(?![a-z0-9])", re.I)
 #: a decimal a name template carries (Keras ``{val_loss:.2f}``): a metric, not a serial;
-#: ``key`` is the word just before it (``val_loss_0.41``, ``loss=0.41``), when there is one
+#: ``key`` is the word just before it (``val_loss_0.41``, ``loss=0.41``), when there is one.
+#: A ``-`` after a separator is a sign (a negative loss: ``weights.01--0.64``), and Python's
+#: ``nan`` / ``inf`` after one are values too (a diverged run: ``weights.05-nan``)
 METRIC = re.compile(
     r"(?:(?<![a-z0-9])(?P<key>[a-z][a-z_]*?)[_=\-]?)?"
-    r"(?<![\d.])(?P<value>\d+\.\d+(?:e[-+]?\d+)?)(?![\d.])",
+    r"(?<![\d.])(?P<value>(?:(?<![^-_.=\s])-)?"
+    r"(?:\d+\.\d+(?:e[-+]?\d+)?|(?<![^-_.=\s])(?:nan|inf)(?![a-z0-9])))(?![\d.])",
     re.I,
 )
 #: the metric name of a decimal whose name template does not say (``weights.07-0.41``)
