@@ -6,9 +6,10 @@ import os
 from concurrent.futures import Executor
 
 from .catalog import Catalog
+from .experiment import Experiment, open_experiment
 from .scan.detect import UnknownTreeError, detect, list_tree
 
-__all__ = ["UnknownTreeError", "open"]
+__all__ = ["Experiment", "UnknownTreeError", "open", "open_experiment"]
 
 
 def open(  # noqa: A001 - the public name is ckptview.open

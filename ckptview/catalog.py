@@ -182,7 +182,7 @@ class Catalog:
         return _stats.stats(self._scan, serial, names, chunk_bytes)
 
     def diff(self, a: int | None, b: int | None, other: Catalog | None = None,
-             names: str | Iterable[str] | None = None, *, match: str = "auto",
+             names: str | Iterable[str] | None = None, *, match: str | None = None,
              rename: Callable[[str], str] | dict[str, str] | None = None,
              chunk_bytes: int = _stats.CHUNK_BYTES,
              progress: Callable[[int], None] | None = None) -> pd.DataFrame:  # fmt: skip
@@ -190,7 +190,9 @@ class Catalog:
         second run, when given), biggest change first (:func:`ckptview.engine.diff.by_change`).
 
         ``names``: only these variables. ``match``: ``"exact"`` pairs by (node, name) only,
-        ``"auto"`` also pairs a name unique on both sides across nodes. ``rename``: maps
+        ``"auto"`` (None, the default) also pairs a name unique on both sides across nodes,
+        then by logical name (container prefixes ``model/``, ``module.``, ``_orig_mod.``,
+        ``model.`` stripped); ``df.attrs["pairing"]`` says how. ``rename``: maps
         ``b``'s names onto ``a``'s (a dict or a function) before pairing. ``progress(n)``
         is called with the bytes compared as values stream by."""
         theirs = None if other is None else other._scan
@@ -280,3 +282,32 @@ class Catalog:
     def retention_policy(self):
         """The policy stored with the tree, or None."""
         return _retention.retention_policy(self._scan)
+
+    # -- health over serials (DESIGN.md §3e; ckptview.engine.health) ----------------------
+    def health(self, serials: int | Iterable[int] | None = None,
+               names: str | Iterable[str] | None = None, spectral: bool = False, *,
+               kinds: str | Iterable[str] | None = None,
+               progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:  # fmt: skip
+        """One row per (serial, node, name) of floating-point variables: ``l2``, ``rms``,
+        ``max_abs``, ``n_nan``, ``n_inf``, ``update_rel`` (vs the previous serial holding
+        it), with ``spectral`` also ``sigma_max`` and ``alpha`` of 2-D weights. Streamed,
+        and cached per file identity: a reopened or grown tree reads only new files."""
+        from .engine import health as _health
+
+        return _health.health(self._scan, serials, names, spectral, kinds, progress=progress)
+
+    def health_summary(self, spike_factor: float = 10.0, kinds: Iterable[str] | None = ("model",),
+                       *, loss_factor: float = 3.0,
+                       progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:  # fmt: skip
+        """Per serial: ``status`` (ok | nonfinite | spike | frozen | not_loadable),
+        ``findings``, ``onset``; ``.attrs``: ``first``, ``divergence``, ``rollback_point``,
+        ``top`` (docs/health.md)."""
+        from .engine import health as _health
+
+        return _health.health_summary(self._scan, spike_factor, kinds, loss_factor, progress)
+
+    @property
+    def rollback_point(self) -> int | None:
+        """The newest loadable serial before the run's first divergence (NaN/inf, update or
+        l2 spike, loss spike); ``latest`` when the run is healthy. Reads values (cached)."""
+        return self.health_summary().attrs["rollback_point"]

@@ -312,3 +312,73 @@ def _put(path: Path, data: bytes, when: datetime) -> None:
 
 def _touch(path: Path, when: datetime) -> None:
     os.utime(path, (when.timestamp(), when.timestamp()))
+
+
+# -- a demo experiment: a small sweep of runs in several formats ---------------------------------
+#: (run directory, format, serials, learning rate, diverges) of the demo sweep
+SWEEP = (
+    ("lr_3e-4", "npz", 5, 3e-4, False),
+    ("lr_1e-3", "safetensors", 8, 1e-3, False),
+    ("lr_1e-2_diverged", "npz", 6, 1e-2, True),
+)
+SWEEP_STEP = 100  # a save every 100 steps
+
+
+def _sweep_arrays(rng: np.random.Generator, t: int, lr: float, nan: bool) -> dict[str, np.ndarray]:
+    """A tiny MLP's weights after ``t`` saves at learning rate ``lr`` (NaNs once diverged)."""
+    out = {}
+    for name, shape in (("model.fc1.weight", (32, 16)), ("model.fc1.bias", (32,)),
+                        ("model.fc2.weight", (4, 32)), ("model.fc2.bias", (4,))):  # fmt: skip
+        w = rng.standard_normal(shape).astype(np.float32) * (1 + 50 * lr * t)
+        if nan and "weight" in name:
+            w.reshape(-1)[:: 7] = np.nan
+        out[name] = w
+    return out
+
+
+def _loss(t: int, lr: float, diverges: bool) -> float:
+    if diverges:
+        return 2.0 - 0.3 * t if t < 3 else 2.0 + 3.0 * (t - 2)
+    return 2.5 / (1 + 1000 * lr * t) + (0.2 * max(0, t - 5) if lr > 5e-4 else 0.0) + 0.05
+
+
+def _safetensors_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    from .formats.safetensors import header
+
+    entries = [(k, "F32", v.shape, v.nbytes) for k, v in arrays.items()]
+    return header(entries) + b"".join(np.ascontiguousarray(v).tobytes() for v in arrays.values())
+
+
+def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def write_sweep(root: str | os.PathLike, seed: int = SEED) -> list[Path]:
+    """Write a demo experiment into ``root`` (created; must be empty or absent): runs of
+    numbered ``.npz`` and ``.safetensors`` files of different lengths (the loss in each file
+    name: ``step_300-loss_0.41.npz``), one that diverges (NaN weights from its fourth save),
+    and a Paddle fluid run that crashed mid-save (its last serial incomplete). Returns the
+    run directories."""
+    root = Path(root)
+    if root.exists() and any(root.iterdir()):
+        raise FileExistsError(f"{root} exists and is not empty")
+    root.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for i, (name, fmt, n, lr, diverges) in enumerate(SWEEP):
+        run = root / name
+        run.mkdir()
+        rng = _rng(seed, "sweep", name)
+        for t in range(1, n + 1):
+            arrays = _sweep_arrays(rng, t, lr, diverges and t >= 4)
+            data = _npz_bytes(arrays) if fmt == "npz" else _safetensors_bytes(arrays)
+            when = START + timedelta(hours=i, minutes=10 * t)
+            _put(run / f"step_{t * SWEEP_STEP}-loss_{_loss(t, lr, diverges):.3f}.{fmt}", data, when)
+        runs.append(run)
+    write_demo(root / "paddle_fluid_crashed", serials=4, seed=seed, incomplete=True)
+    runs.append(root / "paddle_fluid_crashed")
+    (root / "sweep.yaml").write_text("lr: [3e-4, 1e-3, 1e-2]\n")  # not a run
+    return runs

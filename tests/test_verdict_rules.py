@@ -313,3 +313,16 @@ def test_empty_state_and_program_files_are_named(tmp_path):
     cat = cv.open(run, cache=False)
     assert "empty file(s): generation_config.json" in cat.serials.loc[300, "warning"]
     assert any("program.pdmodel: empty file" in w for w in cat.attrs["warnings"])
+
+
+def test_reading_a_variable_listed_with_a_parse_error_raises_that_error(tmp_path):
+    """Issue 29 item 3: not "no variable X": the error the catalog lists for it."""
+    run = hf(tmp_path)
+    path = run / "checkpoint-300" / "scheduler.pt"
+    path.write_bytes(path.read_bytes()[:40])
+    cat = cv.open(run, cache=False)
+    v = cat.variables
+    row = v[(v["serial"] == 300) & v["error"].notna()].iloc[0]
+    with pytest.raises(ValueError, match="zip|truncat|archive") as err:
+        cat.read(row["name"], serial=300)
+    assert row["error"][:40] in str(err.value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..demo import SEED, write_demo
+from ..demo import SEED, write_demo, write_sweep
 from . import CLIError
 
 
@@ -17,6 +17,9 @@ def register(sub) -> None:
     p.add_argument("--scale", type=int, default=1, help="make the big tensors SCALE times bigger")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fixed)")
     p.add_argument("--complete", action="store_true", help="no crashed serial at the end")
+    p.add_argument("--experiment", action="store_true",
+                   help="write a small sweep instead: runs of several formats and lengths, one "
+                   "diverged (NaNs), one crashed (its last serial incomplete)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -27,6 +30,11 @@ def run(args) -> int:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise CLIError(f"{target} exists and is not an empty directory")
     seed = SEED if args.seed is None else args.seed
+    if args.experiment:
+        runs = write_sweep(target, seed)
+        print(f"wrote {target}: an experiment of {len(runs)} runs "
+              f"({', '.join(r.name for r in runs)}); try: ckptview ls {target}")  # fmt: skip
+        return 0
     tree = write_demo(target, args.serials, args.scale, seed, incomplete=not args.complete)
     done = sum(s.complete for s in tree.serials)
     print(

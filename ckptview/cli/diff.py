@@ -3,6 +3,9 @@ first (the order of ``cat.diff`` and of the dashboard)."""
 
 from __future__ import annotations
 
+import sys
+
+from ckptview.engine.diff import describe_pairing, rename_prefixes
 from ckptview.fmt import fmt_shape
 
 from . import _table as t
@@ -18,6 +21,12 @@ def register(sub) -> None:
     p.add_argument("--other-layout", help="force the second tree's layout")
     p.add_argument("--name", action="append", help="only this variable (repeatable)")
     p.add_argument("--exact", action="store_true", help="pair by (node, name) only")
+    p.add_argument("--match", choices=("auto", "exact"), default=None,
+                   help="how tensors pair (default auto: also across nodes, then by logical "
+                   "name with container prefixes model/ module. _orig_mod. model. stripped)")
+    p.add_argument("--rename", action="append", default=[], metavar="OLD=NEW",
+                   help="B's names starting with OLD are paired as starting with NEW "
+                   "(repeatable)")  # fmt: skip
     p.add_argument("--changed", action="store_true", help="hide identical variables")
     p.set_defaults(func=run)
 
@@ -47,8 +56,13 @@ def run(args) -> int:
     vars_a = cat.variables
     total = int(vars_a.loc[vars_a["serial"] == args.a, "nbytes"].sum()) * 2
     with progress(total, "diff", args=args) as bar:
-        df = cat.diff(args.a, args.b, other, args.name, match="exact" if args.exact else "auto",
+        match = "exact" if args.exact else args.match
+        df = cat.diff(args.a, args.b, other, args.name, match=match,
+                      rename=rename_prefixes(args.rename) if args.rename else None,
                       progress=bar.update)  # fmt: skip
+    pairing = df.attrs.get("pairing")
+    if pairing and (pairing.get("logical") or pairing.get("across_nodes")):
+        print(describe_pairing(pairing), file=sys.stderr)
     if args.changed:
         df = df[df["status"] != "identical"]
     if args.json:

@@ -1,6 +1,9 @@
 """``ckptview ls URL``: the serials table; on stderr, what the verdicts found at tree level
 (the framework's own resume pointer when it names another serial, files outside every
-serial). ``--json`` adds a ``framework_latest`` column."""
+serial). ``--json`` adds a ``framework_latest`` column.
+
+A directory whose runs are below it (an experiment, DESIGN.md §3d) prints the runs table
+instead: one row per run, never one merged run."""
 
 from __future__ import annotations
 
@@ -9,11 +12,12 @@ import sys
 from ckptview.fmt import serial_status
 
 from . import _table as t
-from ._common import add_open_args, emit_json, open_tree
+from ._common import add_open_args, emit_json, open_tree, progress
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ls", help="list the serials of a checkpoint tree")
+    p = sub.add_parser("ls", help="list the serials of a checkpoint tree (the runs of an "
+                       "experiment directory)")  # fmt: skip
     add_open_args(p)
     p.set_defaults(func=run)
 
@@ -36,7 +40,60 @@ def columns(root: str) -> list[t.Col]:
     ]
 
 
+RUN_COLUMNS = [
+    t.Col("run", fit=t.FOLD),
+    t.Col("layout", fit=t.CUT, drop=3),
+    t.Col("n_serials", "serials", t.integer, right=True, drop=4),
+    t.Col("latest", fmt=t.integer, right=True),
+    t.Col("latest_step", "step", t.integer, right=True, drop=2),
+    t.Col("best", fmt=t.integer, right=True, optional=True),
+    t.Col("best_metric", "metric", t.number, right=True, optional=True, drop=5),
+    t.Col("nbytes", "size", t.size, right=True),
+    t.Col("last_write", "last write (UTC)", t.when, drop=1),
+    t.Col("error", fit=t.CUT, optional=True),
+]
+
+
+def experiment(args):
+    """The experiment at ``args.url`` (None for one tree, or with ``--layout``)."""
+    if getattr(args, "layout", None):
+        return None
+    from ckptview.experiment import experiment_at
+
+    bar = None
+
+    def tick(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress(total, "runs", unit="run", args=args)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return experiment_at(args.url, progress=tick)
+
+
+def show_runs(args, exp) -> int:
+    """The runs table (``--json``: every column), stray files on stderr."""
+    table = exp.runs
+    if args.json:
+        emit_json(table)
+    else:
+        shown = table.reset_index()
+        shown["nbytes"] = shown["nbytes"].astype("float64")
+        errors = int(table["error"].notna().sum())
+        title = (f"{len(table)} runs" + (f" ({errors} with errors)" if errors else "")
+                 + f" in experiment {exp.root}")  # fmt: skip
+        t.render(shown, RUN_COLUMNS, title=title, empty="no runs")
+    for f in exp.attrs.get("stray", []):
+        print(f"warning: {f} is in no run", file=sys.stderr)
+    return 0
+
+
 def run(args) -> int:
+    exp = experiment(args)
+    if exp is not None:
+        return show_runs(args, exp)
     cat = open_tree(args)
     serials, attrs = cat.serials, cat.attrs
     pointer = attrs.get("framework_latest", "absent")

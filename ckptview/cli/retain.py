@@ -1,4 +1,8 @@
-"""``ckptview retain URL [policy flags] [--save] [--apply --yes]``: plan or apply retention."""
+"""``ckptview retain URL [policy flags] [--save] [--apply --yes]``: plan or apply retention.
+
+On an experiment directory (DESIGN.md §3d) one plan covers every run: ``--budget 2TB``
+deletes oldest first across runs (never a run's newest loadable serial, its best or its
+pins) until the experiment fits."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from ckptview.changes.lock import break_lock
 from ckptview.engine.policies import describe_policy, make_policy
 from ckptview.fmt import human_bytes
 
+from . import CLIError
 from . import _table as t
 from ._common import add_open_args, emit_json, guarded, open_tree, progress
 
@@ -27,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--slim-older-than", metavar="DURATION",
                    help="delete the optimizer state of kept serials older than this (7d), "
                    "keeping their weights; never the newest loadable serial")  # fmt: skip
+    p.add_argument("--budget", metavar="SIZE",
+                   help="an experiment directory: delete oldest first across runs until the "
+                   "runs fit SIZE (2TB, 500GB)")  # fmt: skip
     p.add_argument("--save", action="store_true", help="store these flags as the tree's policy")
     p.add_argument("--apply", action="store_true", help="delete (and slim) what the plan says")
     p.add_argument("--yes", action="store_true", help="confirm: delete and slim")
@@ -51,7 +59,59 @@ DONE_COLUMNS = [
 ]
 
 
+EXP_COLUMNS = [
+    t.Col("run", fit=t.FOLD),
+    t.Col("serial", right=True),
+    t.Col("action"),
+    t.Col("nbytes", "size", t.size, right=True),
+    t.Col("timestamp", "written (UTC)", t.when, drop=1),
+    t.Col("reason", fit=t.FOLD),
+]
+
+
+def run_experiment(args, exp) -> int:
+    """One plan for every run of an experiment; applied run by run with ``--yes``."""
+    policy = make_policy(args.keep_last, args.keep_every, args.keep_best, (), args.older_than,
+                         args.every_by)  # fmt: skip
+    pins: list[int] = list(args.pin)
+    plan = exp.plan_retention(args.budget, policy=policy if policy else None, pinned=pins,
+                              slim_older_than=args.slim_older_than)  # fmt: skip
+    n_del = int(plan["action"].isin(["delete", "slim"]).sum()) if len(plan) else 0
+    freed = int(plan["frees"].sum()) if len(plan) else 0
+    a = plan.attrs
+    fits = "" if a["budget"] is None else (
+        f"; {human_bytes(a['after'])} after, budget {human_bytes(a['budget'])}"
+        + ("" if a["fits"] else " (NOT met: the rest is protected)"))  # fmt: skip
+    if not args.yes or n_del == 0:
+        if args.json:
+            emit_json(plan)
+        else:
+            t.render(plan.reset_index(), EXP_COLUMNS,
+                     title=f"retention plan for experiment {exp.root}", empty="no serials")  # fmt: skip
+        print(f"{len(exp)} runs, {human_bytes(a['total'])}: would delete {n_del} serial(s), "
+              f"freeing {human_bytes(freed)}{fits}"
+              + ("" if n_del == 0 else " (plan only: add --yes to do it)"), file=sys.stderr)  # fmt: skip
+        return 0
+    with progress(n_del, "retain", unit="serial", args=args) as bar:
+        result = exp.apply_retention(plan, progress=bar.update)
+    if args.json:
+        emit_json(result)
+    else:
+        done = result.deleted.reset_index()
+        t.render(done, [t.Col("run", fit=t.FOLD), *DONE_COLUMNS], title=result.headline())
+    if result.errors:
+        raise CLIError("; ".join(f"{run}: {why}" for run, why in result.errors.items()))
+    return 0
+
+
 def run(args) -> int:
+    from .ls import experiment
+
+    exp = None if args.save or args.break_lock else experiment(args)
+    if exp is not None:
+        return run_experiment(args, exp)
+    if args.budget is not None:
+        raise CLIError("--budget needs an experiment: a directory of several runs")
     cat = open_tree(args)
     if args.break_lock:
         held = break_lock(cat.storage.fs, cat.tree.root)

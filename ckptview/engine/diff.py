@@ -7,6 +7,7 @@ aligned pairs, so peak memory is a few chunks per variable in flight, whatever t
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -304,42 +305,134 @@ def _sides(scan: Scan, serial: int, names: set[str] | None) -> dict[tuple[str, s
     }
 
 
+#: what ``match`` may be: pairing by (node, name) only, or also across nodes and by
+#: logical name (container prefixes stripped)
+MATCHES = ("exact", "auto")
+#: containers a framework or wrapper puts before a model's own tensor names (a Lightning or
+#: Megatron ``model/`` dict, DDP's ``module.``, ``torch.compile``'s ``_orig_mod.``, an HF
+#: base model's ``model.``); stripped, repeatedly, to pair tensors across layouts
+CONTAINER_PREFIXES = ("model/", "module.", "_orig_mod.", "model.", "state_dict/", "module/")
+#: optimizer state named ``optimizer.state.<key>.<param>`` (Megatron dist) or
+#: ``optimizer/<param>/<key>`` (named torch state): one logical name for both
+_OPT_DOTTED = re.compile(r"^optimizer\.state\.([^./]+)\.(.+)$")
+_OPT_SLASHED = re.compile(r"^optimizer/(.+\.[^/]+)/([^/.]+)$")
+
+
+def logical_name(name: str) -> tuple[str, str]:
+    """``name`` with its container prefixes stripped (optimizer state as
+    ``optimizer:<key>:<param>``), and the prefixes stripped."""
+    m = _OPT_DOTTED.match(name) or _OPT_SLASHED.match(name)
+    if m is not None:
+        dotted = name.startswith("optimizer.state.")
+        key, param = (m[1], m[2]) if dotted else (m[2], m[1])
+        core, stripped = logical_name(param)
+        scheme = "optimizer.state.<key>." if dotted else "optimizer/…/<key>"
+        return f"optimizer:{key}:{core}", scheme + (f" {stripped}" if stripped else "")
+    stripped = ""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in CONTAINER_PREFIXES:
+            if name.startswith(prefix) and len(name) > len(prefix):
+                name, stripped, changed = name[len(prefix) :], stripped + prefix, True
+    return name, stripped
+
+
 def pair(left: dict, right: dict, match: str = "auto") -> list[tuple[Side | None, Side | None]]:
     """Exact (node, name) pairs; with ``match="auto"`` leftovers whose name is unique on
-    both sides pair across nodes (a per-node tree against a flat export)."""
+    both sides pair across nodes (a per-node tree against a flat export), then leftovers
+    whose logical name (:func:`logical_name`) is unique on both sides."""
+    return pair_with_info(left, right, match)[0]
+
+
+def pair_with_info(left: dict, right: dict, match: str = "auto"
+                   ) -> tuple[list[tuple[Side | None, Side | None]], dict]:  # fmt: skip
+    """:func:`pair`, and how it paired them: ``{"match", "exact", "across_nodes",
+    "logical", "stripped_a", "stripped_b", "renamed"}`` (counts of pairs made each way, the
+    prefixes stripped on each side, and ``{a name: b name}`` of pairs by logical name)."""
+    if match not in MATCHES:
+        raise ValueError(f"match must be one of {', '.join(map(repr, MATCHES))}, not {match!r}")
     pairs = [(left[k], right.get(k)) for k in left]
+    info: dict = {"match": match, "exact": sum(b is not None for _, b in pairs),
+                  "across_nodes": 0, "logical": 0, "stripped_a": [], "stripped_b": [],
+                  "renamed": {}}  # fmt: skip
     rest = [k for k in right if k not in left]
-    if match == "auto":
+    if match == "exact":
+        return pairs + [(None, right[k]) for k in rest], info
+    index = {k: i for i, k in enumerate(left)}
+    for step in ("across_nodes", "logical"):
         lone_a = [k for k, (_, b) in zip(left, pairs) if b is None]
-        by_name_a = _unique_by_name(lone_a)
-        by_name_b = _unique_by_name(rest)
-        for name, ka in by_name_a.items():
-            kb = by_name_b.get(name)
-            if kb is not None:
-                i = list(left).index(ka)
-                pairs[i] = (left[ka], right[kb])
-                rest.remove(kb)
-    elif match != "exact":
-        raise ValueError(f"match must be 'exact' or 'auto', not {match!r}")
-    return pairs + [(None, right[k]) for k in rest]
+        if not lone_a or not rest:
+            break
+        key = (lambda k: k[1]) if step == "across_nodes" else (lambda k: logical_name(k[1])[0])
+        by_a, by_b = _unique_by(lone_a, key), _unique_by(rest, key)
+        taken = set()
+        for name, ka in by_a.items():
+            kb = by_b.get(name)
+            if kb is None:
+                continue
+            pairs[index[ka]] = (left[ka], right[kb])
+            taken.add(kb)
+            info[step] += 1
+            if step == "logical":
+                info["renamed"][ka[1]] = kb[1]
+                for side, k in (("stripped_a", ka), ("stripped_b", kb)):
+                    cut = logical_name(k[1])[1]
+                    if cut and cut not in info[side]:
+                        info[side].append(cut)
+        rest = [k for k in rest if k not in taken]
+    return pairs + [(None, right[k]) for k in rest], info
 
 
-def _unique_by_name(keys: list[tuple[str, str]]) -> dict[str, tuple[str, str]]:
+def _unique_by(keys: list[tuple[str, str]], key: Callable) -> dict[str, tuple[str, str]]:
     seen: dict[str, list] = {}
     for k in keys:
-        seen.setdefault(k[1], []).append(k)
+        seen.setdefault(key(k), []).append(k)
     return {name: ks[0] for name, ks in seen.items() if len(ks) == 1}
 
 
+def describe_pairing(info: dict) -> str:
+    """One line: how a diff paired the two sides' tensors."""
+    parts = [f"{info.get('exact', 0)} by name"]
+    if info.get("across_nodes"):
+        parts.append(f"{info['across_nodes']} across nodes")
+    if info.get("logical"):
+        cut = [f"{', '.join(info[s])} on {s[-1]}" for s in ("stripped_a", "stripped_b") if info[s]]
+        parts.append(f"{info['logical']} by logical name" + (f" (stripped {'; '.join(cut)})" if cut else ""))
+    return f"paired {', '.join(parts)} (match={info.get('match')})"
+
+
+def rename_prefixes(pairs: Iterable[str]) -> Callable[[str], str]:
+    """A ``rename`` from ``OLD=NEW`` strings: a name starting with OLD starts with NEW instead
+    (the first OLD that fits, in order; ``=model/`` puts ``model/`` before every name)."""
+    rules = []
+    for text in pairs:
+        old, sep, new = text.partition("=")
+        if not sep:
+            raise ValueError(f"rename must be OLD=NEW, not {text!r}")
+        rules.append((old, new))
+
+    def renamed(name: str) -> str:
+        for old, new in rules:
+            if name.startswith(old):
+                return new + name[len(old) :]
+        return name
+
+    return renamed
+
+
 def diff(scan: Scan, a: int | None, b: int | None, other: Scan | None = None,
-         names: Iterable[str] | None = None, match: str = "auto", rename: Callable[[str], str] | dict | None = None,
-         chunk_bytes: int = CHUNK_BYTES,
+         names: Iterable[str] | None = None, match: str | None = "auto",
+         rename: Callable[[str], str] | dict | None = None, chunk_bytes: int = CHUNK_BYTES,
          progress: Callable[[int], None] | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per (node, name) in either serial; see DESIGN.md §3 for the columns.
 
     ``other`` is a second tree's Scan (``b`` is then its serial); ``rename`` maps the b side's
-    names onto a's (a dict or a function) before pairing.
+    names onto a's (a dict or a function) before pairing. ``match`` (None: ``"auto"``): see
+    :func:`pair`; ``df.attrs["pairing"]`` says how the sides were paired
+    (:func:`pair_with_info`), and rows paired under another name keep a's name.
     """
+    match = match or "auto"
     other = scan if other is None else other
     a = resolve_serial(scan, a)
     b = resolve_serial(other, b)
@@ -355,7 +448,7 @@ def diff(scan: Scan, a: int | None, b: int | None, other: Scan | None = None,
         right = {(k[0], renamed(k[1])): v for k, v in right.items()}
     if wanted is not None:
         right = {k: v for k, v in right.items() if k[1] in wanted}
-    pairs = pair(left, right, match)
+    pairs, info = pair_with_info(left, right, match)
     jobs = [(x, y, chunk_bytes, progress) for x, y in pairs]
     rows = list(bounded_map(compare, jobs, scan.pool()))
     for (x, y), row in zip(pairs, rows):
@@ -364,7 +457,7 @@ def diff(scan: Scan, a: int | None, b: int | None, other: Scan | None = None,
     df = pd.DataFrame(rows, columns=DIFF_COLUMNS)
     df["n_changed"] = df["n_changed"].astype("Int64")
     df["numel"] = df["numel"].astype("int64")
-    df.attrs.update({"a": a, "b": b})
+    df.attrs.update({"a": a, "b": b, "pairing": info})
     return by_change(df)
 
 

@@ -322,9 +322,21 @@ class Scan:
             i, res = hit
             return res.variables[i], res
         if not same:
+            listed = self._listed_error(serial, node, name)
+            if listed is not None:  # a row the catalog lists with its error: say that
+                raise ValueError(f"{name}: {listed}")
             raise KeyError(f"no variable {name!r} in serial {serial}")
         nodes = ", ".join(repr(k[1]) for k in same)
         raise KeyError(f"{name!r} in serial {serial} is on several nodes ({nodes}): pass node=")
+
+    def _listed_error(self, serial: int, node: str | None, name: str) -> str | None:
+        """The error of a ``variables`` row no file lists as a variable (a file that does
+        not parse is a row named after it), else None."""
+        v = self.variables
+        hit = v[(v["serial"] == serial) & (v["name"] == name) & v["error"].notna()]
+        if node:
+            hit = hit[hit["node"] == node]
+        return str(hit["error"].iloc[0]) if len(hit) else None
 
     def _codec_blob(self, res: FileResult) -> tuple[Codec, Blob]:
         codec = registry.get_codec(res.codec)

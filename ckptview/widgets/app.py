@@ -25,18 +25,20 @@ from ._format import md_code, md_error, md_text
 from .browser import RunBrowser
 from .compare import CompareView
 from .guard import Guard
+from .health import HealthView
 from .loading import TreeLoad
 from .picker import TreePicker
 from .restore import RestoreView
 from .retention import RetentionView
 from .trajectory import TrajectoryPlot
 
-TABS = ["Browse", "Compare", "Trajectory", "Restore", "Retention"]
+TABS = ["Browse", "Compare", "Trajectory", "Restore", "Retention", "Health"]
 #: the dark theme's primary colour: buttons white on a mid blue (pale blue with white text
 #: was unreadable); the light theme keeps Material's defaults
 THEME = {"light": {}, "dark": {"palette": {"primary": {"main": "#1976d2", "contrastText": "#fff"}}}}
 #: the tabs whose view covers the whole workspace, built when the tab is first opened
-WORKSPACE_VIEWS = {"Compare": CompareView, "Restore": RestoreView, "Retention": RetentionView}
+WORKSPACE_VIEWS = {"Compare": CompareView, "Restore": RestoreView, "Retention": RetentionView,
+                   "Health": HealthView}  # fmt: skip
 
 
 class Dashboard(pn.viewable.Viewer):
@@ -63,7 +65,7 @@ class Dashboard(pn.viewable.Viewer):
         self.tabs = pmui.Tabs(  # Material tabs: role="tablist"/"tab", keyboard navigation
             ("Browse", self.browse_area), ("Compare", self._areas["Compare"]),
             ("Trajectory", self.trajectory_area), ("Restore", self._areas["Restore"]),
-            ("Retention", self._areas["Retention"]), dynamic=True, sizing_mode="stretch_width",
+            ("Retention", self._areas["Retention"]), ("Health", self._areas["Health"]), dynamic=True, sizing_mode="stretch_width",
             css_classes=["ckptview-tabs"],
         )  # fmt: skip
         self._watchers = [workspace.param.watch(self._on_runs, "runs"),
@@ -78,6 +80,8 @@ class Dashboard(pn.viewable.Viewer):
         """The view of the tab ``name`` (Compare, Restore, Retention), built on first use."""
         if name not in self._views:
             self._views[name] = WORKSPACE_VIEWS[name](self.workspace)
+            if name == "Health":  # its rollback point opens the Restore tab's plan
+                self._views[name].on_restore = self._plan_restore
             self._areas[name].objects = [self._views[name]]
         return self._views[name]
 
@@ -97,6 +101,13 @@ class Dashboard(pn.viewable.Viewer):
     @property
     def retention(self) -> RetentionView:
         return self.view("Retention")
+
+    async def _plan_restore(self, run: str, serial: int) -> None:
+        """The Restore tab, showing the dry-run plan of ``serial`` of ``run``."""
+        self.tabs.active = TABS.index("Restore")
+        view = self.restore
+        view.param.update(run=run, serial=serial)
+        await view._on_plan()
 
     def _on_tab(self, event) -> None:
         name = TABS[event.new]

@@ -1,0 +1,144 @@
+"""Health over serials: read speed as a ratio of numpy reading the same bytes, and peak RSS.
+
+    .venv/bin/python benchmarks/bench_health.py [--mb 64] [--serials 4] [--repeat 3]
+    .venv/bin/python benchmarks/bench_health.py --mb 256     # largest tensor 256 MB
+
+A numbered run (``step_N.npz``, uncompressed) whose largest tensor is ``--mb`` MB is written to
+a scratch directory. ``health`` reads each serial's values once (``update_rel`` pairs each
+serial with its predecessor block by block, in the same pass). The baseline is numpy loading
+every array of every file once (``np.load``) and reducing it, so a ratio of 1 is "as fast as
+numpy". Each case runs in a fresh subprocess, ``--repeat`` times (the best time is kept, the
+highest peak):
+
+- the timed region starts after the imports (``import numpy``; ``import ckptview, pandas``)
+  and, for health, covers ``cv.open``, the headers and ``cat.health()``;
+- ``cpu`` is the process's user + system time over that region (all threads): on a shared,
+  busy machine wall time swings with the load, CPU time much less;
+- ``peak`` is the process's ``VmHWM`` (the high-water resident set of its own address space;
+  ``ru_maxrss`` is not used: Linux carries the parent's over ``exec``); ``baseline`` is the
+  peak of a process that only imports ``ckptview`` and ``pandas``, so ``peak - baseline`` is
+  what the case held in values and buffers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def write(root: Path, mb: int, serials: int) -> int:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = mb * (1 << 20) // 4
+    small = {"b": rng.normal(size=4096).astype(np.float32),
+             "w2": rng.normal(size=(512, 512)).astype(np.float32)}  # fmt: skip
+    big = rng.normal(size=n).astype(np.float32)
+    root.mkdir(parents=True)
+    total = 0
+    for s in range(1, serials + 1):
+        big += np.float32(0.01)
+        path = root / f"step_{s}.npz"
+        np.savez(path, big=big.reshape(-1, 1024), **small)
+        t = time.time() - 600
+        os.utime(path, (t, t))
+        total += path.stat().st_size
+    return total
+
+
+def peak_rss() -> int:
+    """This process's high-water resident set, bytes (``VmHWM``; ``ru_maxrss`` elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def cpu_seconds() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def case(kind: str, root: str) -> dict:
+    import numpy as np
+
+    if kind != "numpy":
+        import pandas  # noqa: F401 - ckptview's own import, in the baseline too
+
+        import ckptview as cv
+    if kind == "baseline":
+        return {"seconds": 0.0, "cpu": 0.0, "rss": peak_rss()}
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    if kind == "numpy":
+        for p in sorted(Path(root).glob("*.npz")):
+            with np.load(p) as z:
+                for k in z.files:
+                    z[k].sum()  # touch the values once (health reduces them too)
+    else:
+        cat = cv.open(root, cache=False)
+        cat.variables  # noqa: B018 - headers, not timed apart
+        cat.health()
+    seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    return {"seconds": seconds, "cpu": cpu, "rss": peak_rss()}
+
+
+def run(kind: str, root: Path, repeat: int) -> dict:
+    best: dict = {}
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, __file__, "--case", kind, "--root", str(root)],
+                             check=True, capture_output=True, text=True).stdout  # fmt: skip
+        r = json.loads(out)
+        best = {"seconds": min(r["seconds"], best.get("seconds", r["seconds"])),
+                "cpu": min(r["cpu"], best.get("cpu", r["cpu"])),
+                "rss": max(r["rss"], best.get("rss", 0))}  # fmt: skip
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=64, help="the largest tensor, MB")
+    ap.add_argument("--serials", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per case (best time kept)")
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--root", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.case:
+        print(json.dumps(case(args.case, args.root)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "run"
+        total = write(root, args.mb, args.serials)
+        got = {kind: run(kind, root, args.repeat) for kind in ("baseline", "numpy", "health")}
+    tensor = args.mb << 20
+    base = got["baseline"]["rss"]
+    print(f"run: {args.serials} serials, {total / 1e6:.0f} MB, largest tensor {args.mb} MB "
+          f"(best of {args.repeat}; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores)")  # fmt: skip
+    print(f"  baseline (import ckptview, pandas)             peak RSS {base / 1e6:6.0f} MB")
+    for kind in ("numpy", "health"):
+        r = got[kind]
+        print(f"  {kind:7s} {r['seconds']:6.2f} s {total / r['seconds'] / 1e6:6.0f} MB/s  "
+              f"cpu {r['cpu']:5.2f} s  peak RSS {r['rss'] / 1e6:6.0f} MB"
+              + (f" (baseline + {(r['rss'] - base) / 1e6:.0f} MB)" if kind == "health" else ""))
+    ratio = got["health"]["seconds"] / got["numpy"]["seconds"]
+    cpu_ratio = got["health"]["cpu"] / max(got["numpy"]["cpu"], 1e-9)
+    print(f"health / numpy: time {ratio:.2f}x, cpu {cpu_ratio:.2f}x "
+          f"(goal: time <= 2x; health reads each file's values once)")  # fmt: skip
+    print(f"health peak RSS {got['health']['rss'] / 1e6:.0f} MB (goal <= 300 MB at --mb 256); "
+          f"above the import baseline {(got['health']['rss'] - base) / tensor:.2f}x the largest "
+          f"tensor (numpy holds one array: {got['numpy']['rss'] / tensor:.2f}x in all)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,574 @@
+"""Health over serials (DESIGN.md §3e): per-variable statistics across a run, the rules that
+find where it went wrong, and the serial to roll back to.
+
+:func:`health` streams every floating-point variable of every serial chunk by chunk (logical
+tensors of any layout, through :meth:`Scan.iter_chunks`), its predecessor's chunks in
+lockstep for ``update_rel``, several variables at once on the scan's executor, with memory
+bounded by a few chunks per variable in flight. Spectral statistics need the whole 2-D
+matrix in memory (as float64); matrices above ``spectral_max_numel`` values are skipped
+(NaN and a ``note``).
+
+Results are kept in the scan's header cache, keyed by the identities (URL, size, mtime,
+ETag) of the files holding the variable in that serial, and of both serials' files for
+``update_rel``: reopening a tree, or one that gained a serial, reads only the new files.
+
+The power-law exponent ``alpha`` is fitted as WeightWatcher does (its own ``WW_powerlaw``
+fit): the eigenvalues of WᵀW (λ = σ² of W, ``min(rows, cols)`` of them), without numerical
+zeros (λ ≤ 1e-10·λ_max), sorted; for every candidate ``xmin`` (each eigenvalue but the
+largest) the continuous power-law MLE over the tail λ ≥ xmin, α = 1 + n / Σ ln(λ/xmin)
+(Clauset, Shalizi & Newman 2009), and the Kolmogorov–Smirnov distance between the tail's
+empirical CDF (i/n, i = 0…n−1) and the fitted 1 − (λ/xmin)^(1−α); the fit with the smallest
+distance wins. No ``xmax``; fewer than :data:`MIN_EVALS` eigenvalues give NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..scan.cache import FORMAT, CacheKey, HeaderCache
+from ..scan.core import Scan
+from .diff import DiffAccumulator, _ReadAhead, aligned
+from .stats import CHUNK_BYTES, bounded_map
+
+HEALTH_STATS = ["l2", "rms", "max_abs", "n_nan", "n_inf"]
+SPECTRAL = ["sigma_max", "alpha"]
+HEALTH_COLUMNS = ["serial", "node", "name", "kind", "dtype", "shape", *HEALTH_STATS,
+                  "update_rel", "prev_serial", "note", "error"]  # fmt: skip
+STATUSES = ("ok", "nonfinite", "spike", "frozen", "not_loadable")
+SUMMARY_COLUMNS = ["status", "findings", "onset", "n_nonfinite", "n_spike", "n_frozen",
+                   "loss_spike", "max_update_ratio", "loadable"]  # fmt: skip
+#: the largest matrix (values) whose spectrum is computed: 2**24 = 4096 x 4096 (128 MiB f64)
+SPECTRAL_MAX_NUMEL = 1 << 24
+MIN_EVALS = 10  # fewer eigenvalues: no alpha (WeightWatcher skips small layers too)
+MIN_UPDATES = 3  # a variable's update median needs this many finite update_rel values
+VERSION = 1  # bump when a cached health value changes meaning
+LOSS_NAME = re.compile(r"loss", re.I)
+
+
+def is_float(dtype: str) -> bool:
+    """Whether a ckptview dtype name is floating point (float16…64, bfloat16, float8…)."""
+    return dtype.startswith(("float", "bfloat"))
+
+
+# -- the power-law fit ------------------------------------------------------------------------
+def fit_alpha(evals: np.ndarray) -> tuple[float, float, float]:
+    """(alpha, xmin, KS distance) of the eigenvalues' tail, as WeightWatcher fits it (see the
+    module docstring); NaNs when there are too few eigenvalues."""
+    x = np.asarray(evals, dtype=np.float64).reshape(-1)
+    x = x[np.isfinite(x)]
+    if x.size:
+        x = np.sort(x[x > 1e-10 * x.max()])
+    n = x.size
+    if n < MIN_EVALS:
+        return math.nan, math.nan, math.nan
+    logs = np.log(x)
+    tail_logs = np.cumsum(logs[::-1])[::-1]  # sum of logs[i:]
+    best = (math.inf, math.nan, math.nan)
+    for i in range(n - 1):
+        m = n - i
+        s = tail_logs[i] - m * logs[i]
+        if s <= 0:
+            continue
+        alpha = 1.0 + m / s
+        fitted = 1.0 - np.exp((1.0 - alpha) * (logs[i:] - logs[i]))
+        d = float(np.max(np.abs(fitted - np.arange(m) / m)))
+        if d < best[0]:
+            best = (d, alpha, float(x[i]))
+    return best[1], best[2], best[0]
+
+
+def spectral_stats(w: np.ndarray) -> dict:
+    """``sigma_max`` and ``alpha`` of a 2-D matrix (NaN for non-finite values)."""
+    w = np.asarray(w, dtype=np.float64)
+    if not np.isfinite(w).all():
+        return {"sigma_max": math.nan, "alpha": math.nan, "note": "spectral: non-finite values"}
+    sv = np.linalg.svd(w, compute_uv=False)
+    alpha = fit_alpha(sv * sv)[0] if sv.size else math.nan
+    return {"sigma_max": float(sv[0]) if sv.size else math.nan, "alpha": alpha}
+
+
+# -- one variable in one serial ---------------------------------------------------------------
+class NormAccumulator:
+    """Streaming Σx², max|x| and counts over finite values, in cache-sized float64 blocks;
+    a block holding NaN/inf (its Σx² is not finite) takes the masked path."""
+
+    BLOCK = 8 << 10  # under 10,000: OpenBLAS computes the dot on this thread (see diff.BLOCK)
+
+    def __init__(self) -> None:
+        self.n_finite = self.n_nan = self.n_inf = 0
+        self.sumsq = 0.0
+        self.max_abs = 0.0
+        self._buf: np.ndarray | None = None
+
+    def add(self, chunk: np.ndarray) -> None:
+        x = np.asarray(chunk).reshape(-1)
+        if self._buf is None:
+            self._buf = np.empty(min(self.BLOCK, max(x.size, 1)))
+        full = self._buf.size
+        for start in range(0, x.size, full):
+            part = x[start : start + full]
+            b = self._buf if part.size == full else self._buf[: part.size]
+            np.copyto(b, part, casting="unsafe")
+            ss = float(b.dot(b))
+            if math.isfinite(ss):
+                self.sumsq += ss
+                self.n_finite += b.size
+                self.max_abs = max(self.max_abs, float(b.max()), -float(b.min()))
+                continue
+            finite = np.isfinite(b)
+            nan = int(np.count_nonzero(np.isnan(b)))
+            self.n_nan += nan
+            self.n_inf += b.size - int(np.count_nonzero(finite)) - nan
+            f = b[finite]
+            if f.size:
+                self.sumsq += float(f.dot(f))
+                self.n_finite += f.size
+                self.max_abs = max(self.max_abs, float(np.abs(f).max()))
+
+    def result(self) -> dict:
+        empty = self.n_finite == 0
+        return {"l2": math.nan if empty else math.sqrt(self.sumsq),
+                "rms": math.nan if empty else math.sqrt(self.sumsq / self.n_finite),
+                "max_abs": math.nan if empty else self.max_abs,
+                "n_nan": self.n_nan, "n_inf": self.n_inf}  # fmt: skip
+
+
+def _flat_chunks(w: np.ndarray, chunk_bytes: int) -> Iterator[np.ndarray]:
+    flat = w.reshape(-1)
+    step = max(1, chunk_bytes // max(1, flat.itemsize))
+    for start in range(0, flat.size, step):
+        yield flat[start : start + step]
+
+
+def measure(scan: Scan, serial: int, node: str, name: str, shape: tuple, prev: int | None,
+            need_stats: bool, need_update: bool, need_spectral: bool,
+            chunk_bytes: int = CHUNK_BYTES,
+            spectral_max_numel: int = SPECTRAL_MAX_NUMEL) -> dict:  # fmt: skip
+    """What is asked of one variable of one serial, in one pass over its values (and its
+    predecessor's, in lockstep, for ``update_rel``); a failure is the ``error`` field."""
+    out: dict[str, Any] = {}
+    notes = []
+    try:
+        whole = None
+        if need_spectral:
+            if len(shape) != 2:
+                need_spectral = False
+            elif math.prod(shape) > spectral_max_numel:
+                out.update(sigma_max=math.nan, alpha=math.nan)
+                notes.append(f"spectral: skipped, {math.prod(shape):,} values > "
+                             f"{spectral_max_numel:,}")  # fmt: skip
+                need_spectral = False
+            else:
+                whole = np.asarray(scan.read(name, serial, node))
+                if whole.ndim != 2:
+                    whole = whole.reshape(shape)
+                got = spectral_stats(whole)
+                if "note" in got:
+                    notes.append(got.pop("note"))
+                out.update(got)
+        if need_stats or need_update:
+            acc = NormAccumulator() if need_stats else None
+            diff = DiffAccumulator() if need_update else None
+            if whole is not None:
+                cur: Iterable[np.ndarray] = _flat_chunks(whole, chunk_bytes)
+            else:
+                cur = _ReadAhead(scan.iter_chunks(name, serial, node, chunk_bytes))
+            old = None
+            try:
+                if diff is not None:
+                    old = _ReadAhead(scan.iter_chunks(name, prev, node, chunk_bytes))
+                    for xa, xb in aligned(old, cur):
+                        diff.add(xa, xb)
+                        if acc is not None:
+                            acc.add(xb)
+                else:
+                    for xb in cur:
+                        if acc is not None:
+                            acc.add(xb)
+            finally:
+                for stream in (old, cur):
+                    if isinstance(stream, _ReadAhead):
+                        stream.close()
+            if acc is not None:
+                out.update(acc.result())
+            if diff is not None:
+                out["update_rel"] = diff.result()["rel_l2"]
+        out["note"] = "; ".join(notes) or None
+        out["error"] = None
+    except Exception as e:  # noqa: BLE001 - one bad variable must not sink the table
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+        out["note"] = "; ".join(notes) or None
+    return out
+
+
+# -- cache keys -------------------------------------------------------------------------------
+class _Files:
+    """The identities of the files holding each variable of each serial."""
+
+    def __init__(self, scan: Scan):
+        tree = scan.tree
+        entries, url = tree.entries, tree.storage.url
+        self.ident: dict[str, CacheKey | None] = {}
+        for res in scan.file_results():
+            u = url(res.ref.path)
+            self.ident[u] = HeaderCache.key("file", u, entries.get(tree.rel(res.ref.path)))
+        self._pieces: dict[tuple[int, str], list[tuple[str, str]]] | None = None
+        self.scan = scan
+
+    def pieces(self) -> dict[tuple[int, str], list[tuple[str, str]]]:
+        if self._pieces is None:
+            sh = self.scan.shards
+            self._pieces = {}
+            for s, name, node, f in zip(sh["serial"], sh["name"], sh["node"], sh["file"]):
+                self._pieces.setdefault((int(s), name), []).append((node, f))
+        return self._pieces
+
+    def key(self, serial: int, node: str, name: str, file: str, whole: bool) -> tuple | None:
+        """The identities of the files of one variable (None when one is unknown)."""
+        if whole:
+            files = [file]
+        else:
+            got = self.pieces().get((serial, name), [])
+            files = sorted({f for n, f in got if not node or n == node} | {file})
+        idents = [self.ident.get(f) for f in files]
+        if any(i is None for i in idents):
+            return None
+        return tuple(idents)
+
+
+def _key(kind: str, node: str, name: str, *parts: Any) -> CacheKey | None:
+    if any(p is None for p in parts):
+        return None
+    return (FORMAT, f"health-{kind}", VERSION, node, name, *parts)
+
+
+# -- the table --------------------------------------------------------------------------------
+def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str] | None = None,
+           spectral: bool = False, kinds: Iterable[str] | None = None,
+           chunk_bytes: int = CHUNK_BYTES, spectral_max_numel: int = SPECTRAL_MAX_NUMEL,
+           progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:  # fmt: skip
+    """One row per (serial, node, name) of floating-point variables: ``l2``, ``rms``,
+    ``max_abs`` (over finite values), ``n_nan``, ``n_inf``, ``update_rel`` (‖W_s − W_prev‖₂ /
+    ‖W_prev‖₂ against ``prev_serial``, the previous serial holding the variable; NaN for the
+    first or when the shape changed), with ``spectral`` also ``sigma_max`` and ``alpha`` of
+    2-D weights; ``note`` and ``error`` say what was skipped or failed. ``kinds``: only
+    variables of these kinds (``model``, ``optimizer``…). ``progress(done, total)``: per
+    variable measured."""
+    v = scan.variables
+    v = v[[is_float(d) for d in v["dtype"]]]
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        v = v[v["kind"].isin(kinds)]
+    if names is not None:
+        names = [names] if isinstance(names, str) else list(names)
+        missing = sorted(set(names) - set(v["name"]))
+        if missing:
+            raise KeyError(f"no floating-point variable {missing[0]!r}")
+        v = v[v["name"].isin(names)]
+    v = v.sort_values(["node", "name", "serial"], kind="stable")
+    prev = v.groupby(["node", "name"], sort=False)["serial"].shift(1)
+    prev_shape = v.groupby(["node", "name"], sort=False)["shape"].shift(1)
+    prev_file = v.groupby(["node", "name"], sort=False)["file"].shift(1)
+    prev_whole = v.groupby(["node", "name"], sort=False)["n_shards"].shift(1)
+    if serials is not None:
+        wanted = {int(s) for s in ([serials] if isinstance(serials, int) else serials)}
+        unknown = sorted(wanted - set(scan.serials.index))
+        if unknown:
+            raise KeyError(f"no serial {unknown[0]}; serials: {list(scan.serials.index)}")
+        keep = v["serial"].isin(wanted)
+        v, prev, prev_shape = v[keep], prev[keep], prev_shape[keep]
+        prev_file, prev_whole = prev_file[keep], prev_whole[keep]
+    cache = scan.cache
+    files = _Files(scan)
+    rows: list[dict] = []
+    jobs: list[tuple] = []
+    where: list[tuple[int, list[CacheKey | None]]] = []
+    columns = zip(v["serial"], v["node"], v["name"], v["kind"], v["dtype"], v["shape"],
+                  v["file"], v["n_shards"], v["quant"], v["error"], prev, prev_shape,
+                  prev_file, prev_whole)  # fmt: skip
+    for (serial, node, name, kind, dtype, shape, file, n_shards, quant, error, p, p_shape,
+         p_file, p_whole) in columns:  # fmt: skip
+        serial = int(serial)
+        shape = tuple(shape)
+        row: dict[str, Any] = {"serial": serial, "node": node, "name": name, "kind": kind,
+                               "dtype": dtype, "shape": shape, "note": None, "error": error}  # fmt: skip
+        row.update(dict.fromkeys(HEALTH_STATS, math.nan), n_nan=0, n_inf=0, update_rel=math.nan)
+        has_prev = not pd.isna(p)
+        row["prev_serial"] = int(p) if has_prev else None
+        if spectral:
+            row.update(sigma_max=math.nan, alpha=math.nan)
+        rows.append(row)
+        if error is not None:
+            continue
+        ident = files.key(serial, node, name, file, n_shards == 1 and quant is None)
+        k_stats = _key("stats", node, name, serial, ident)
+        same_shape = has_prev and tuple(p_shape) == shape
+        k_update = None
+        if same_shape:
+            p_ident = files.key(int(p), node, name, p_file, p_whole == 1)
+            k_update = _key("update", node, name, serial, int(p), p_ident, ident)
+        elif has_prev:
+            row["note"] = f"shape changed from {tuple(p_shape)}"
+        k_spec = _key("spectral", node, name, serial, spectral_max_numel, ident)
+        need_stats = need_update = need_spec = False
+        got = cache.get(k_stats)
+        if got is None:
+            need_stats = True
+        else:
+            row.update(got)
+        if same_shape:
+            got = cache.get(k_update)
+            if got is None:
+                need_update = True
+            else:
+                row["update_rel"] = got
+        if spectral and len(shape) == 2:
+            got = cache.get(k_spec)
+            if got is None:
+                need_spec = True
+            else:
+                row.update(sigma_max=got["sigma_max"], alpha=got["alpha"])
+                if got.get("note"):
+                    row["note"] = "; ".join(n for n in (row["note"], got["note"]) if n)
+        if need_stats or need_update or need_spec:
+            jobs.append((scan, serial, node, name, shape, int(p) if has_prev else None,
+                         need_stats, need_update, need_spec, chunk_bytes,
+                         spectral_max_numel))  # fmt: skip
+            where.append((len(rows) - 1, [k_stats if need_stats else None,
+                                          k_update if need_update else None,
+                                          k_spec if need_spec else None]))  # fmt: skip
+    total = len(jobs)
+    if progress:
+        progress(0, total)
+    for done, ((i, (k_stats, k_update, k_spec)), got) in enumerate(
+        zip(where, bounded_map(measure, jobs, scan.pool())), start=1
+    ):
+        row = rows[i]
+        notes = [n for n in (row["note"], got.get("note")) if n]
+        row.update({k: got[k] for k in (*HEALTH_STATS, "update_rel", *SPECTRAL) if k in got})
+        row["note"] = "; ".join(notes) or None
+        if got["error"] is not None:
+            row["error"] = got["error"]
+        else:
+            if k_stats is not None:
+                cache.put(k_stats, {k: got[k] for k in HEALTH_STATS})
+            if k_update is not None:
+                cache.put(k_update, got["update_rel"])
+            if k_spec is not None and "sigma_max" in got:
+                cache.put(k_spec, {"sigma_max": got["sigma_max"], "alpha": got["alpha"],
+                                   **({"note": got["note"]} if got.get("note") else {})})  # fmt: skip
+        if progress:
+            progress(done, total)
+    cols = HEALTH_COLUMNS[:-2] + (SPECTRAL if spectral else []) + ["note", "error"]
+    table = pd.DataFrame(rows, columns=cols)
+    table = table.sort_values(["serial", "node", "name"], kind="stable").reset_index(drop=True)
+    table["prev_serial"] = table["prev_serial"].astype("Int64")
+    return table.astype({"serial": "int64", "n_nan": "int64", "n_inf": "int64",
+                         "l2": "float64", "rms": "float64", "max_abs": "float64",
+                         "update_rel": "float64"})  # fmt: skip
+
+
+# -- the rules --------------------------------------------------------------------------------
+def _names(keys: Iterable[tuple[str, str]], limit: int = 3) -> str:
+    shown = [f"{n}/{name}" if n else name for n, name in sorted(keys)]
+    more = len(shown) - limit
+    return ", ".join(shown[:limit]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def variable_rules(h: pd.DataFrame, spike_factor: float = 10.0) -> pd.DataFrame:
+    """Per variable row of ``h`` (same index): ``update_ratio`` (update_rel over the
+    variable's own median of positive update_rel values, NaN with fewer than
+    :data:`MIN_UPDATES`), ``l2_ratio`` (l2 over its previous serial's), and the flags
+    ``nonfinite``, ``update_spike``, ``l2_jump`` and ``frozen`` (zero update for two serials
+    after it had moved, flagged on each serial of the streak)."""
+    out = pd.DataFrame(index=h.index)
+    out["nonfinite"] = (h["n_nan"] + h["n_inf"]) > 0
+    h = h.sort_values(["node", "name", "serial"], kind="stable")
+    groups = h.groupby(["node", "name"], sort=False)
+    u = h["update_rel"]
+    finite_u = u.where(np.isfinite(u))
+
+    def median_positive(s: pd.Series) -> float:
+        s = s[np.isfinite(s)]
+        if len(s) < MIN_UPDATES:
+            return math.nan
+        pos = s[s > 0]
+        return float(pos.median()) if len(pos) else math.nan
+
+    med = groups["update_rel"].transform(median_positive)
+    ratio = finite_u / med
+    out["update_median"] = med
+    out["update_ratio"] = ratio
+    out["update_spike"] = (ratio > spike_factor).fillna(False).astype(bool)
+    prev_l2 = groups["l2"].shift(1)
+    l2_ratio = (h["l2"] / prev_l2.where(prev_l2 > 0)).astype("float64")
+    out["l2_ratio"] = l2_ratio
+    out["l2_jump"] = (l2_ratio > spike_factor).fillna(False).astype(bool)
+    moved = (u > 0).fillna(False)
+    had_moved = moved.groupby([h["node"], h["name"]], sort=False).cummax()
+    zero = (u == 0).fillna(False)
+    frozen = pd.Series(False, index=h.index)
+    for _, idx in zero.groupby([h["node"], h["name"]], sort=False).groups.items():
+        z = zero.loc[idx].to_numpy()
+        before = had_moved.loc[idx].shift(1, fill_value=False).to_numpy()
+        # a streak of zeros starting after a move; flagged when at least two long
+        run_start = -1
+        flags = np.zeros(len(z), bool)
+        for j in range(len(z)):
+            if z[j]:
+                if run_start < 0:
+                    run_start = j
+                if j - run_start >= 1 and bool(before[run_start]):
+                    flags[run_start : j + 1] = True
+            else:
+                run_start = -1
+        frozen.loc[idx] = flags
+    out["frozen"] = frozen
+    return out
+
+
+def _loss_spikes(metrics: pd.DataFrame, serial_index: list[int],
+                 loss_factor: float) -> dict[int, list[str]]:  # fmt: skip
+    """Serial -> the losses that spiked at or before it (since the serial before): a value
+    that is not finite, or above ``loss_factor`` times the median of that loss's earlier
+    values (at least two of them, median > 0)."""
+    out: dict[int, list[str]] = {}
+    if metrics is None or not len(metrics) or not serial_index:
+        return out
+    losses = metrics[[bool(LOSS_NAME.search(str(n))) for n in metrics["name"]]]
+    ordered = np.asarray(sorted(serial_index))
+    for name, df in losses.groupby("name", sort=True):
+        df = df.sort_values("serial", kind="stable")
+        values = df["value"].to_numpy(dtype=np.float64)
+        for j, (s, x) in enumerate(zip(df["serial"], values)):
+            earlier = values[:j][np.isfinite(values[:j])]
+            med = float(np.median(earlier)) if len(earlier) >= 2 else math.nan
+            if np.isfinite(x) and not (med > 0 and x > loss_factor * med):
+                continue
+            at = int(np.searchsorted(ordered, int(s), side="left"))
+            if at < len(ordered):  # the first serial saved at or after the spike
+                what = f"{name} = {x:.4g}" + ("" if not med > 0 else f" (median {med:.4g})")
+                out.setdefault(int(ordered[at]), []).append(what)
+    return out
+
+
+def summarize(h: pd.DataFrame, serials: pd.DataFrame, metrics: pd.DataFrame | None,
+              latest: int | None, spike_factor: float = 10.0,
+              loss_factor: float = 3.0) -> pd.DataFrame:  # fmt: skip
+    """The per-serial verdicts of a health table (see :func:`health_summary`)."""
+    if spike_factor <= 1 or loss_factor <= 1:
+        raise ValueError("spike_factor and loss_factor must be greater than 1")
+    index = [int(s) for s in serials.index]
+    empty = ["nonfinite", "update_spike", "l2_jump", "frozen", "update_ratio"]
+    rules = variable_rules(h, spike_factor) if len(h) else pd.DataFrame(columns=empty)
+    keys = list(zip(h["node"], h["name"]))
+    by: dict[str, dict[int, set]] = {k: {} for k in ("nonfinite", "update_spike", "l2_jump",
+                                                      "frozen")}  # fmt: skip
+    for flag, found in by.items():
+        for i in np.flatnonzero(rules[flag].to_numpy(dtype=bool)) if len(h) else []:
+            found.setdefault(int(h["serial"].iat[i]), set()).add(keys[i])
+    # frozen counts only while most other variables move
+    measured = h[np.isfinite(h["update_rel"])]
+    moving = (measured["update_rel"] > 0).groupby(measured["serial"]).mean()
+    by["frozen"] = {s: v for s, v in by["frozen"].items() if moving.get(s, 0) > 0.5}
+    ratio = rules["update_ratio"].groupby(h["serial"]).max() if len(h) else pd.Series()
+    loss = _loss_spikes(metrics, index, loss_factor)
+    loadable = serials["loadable"] if "loadable" in serials else pd.Series(True, index=index)
+    onsets: dict[str, set[int]] = {
+        "nonfinite": set(by["nonfinite"]), "update_spike": set(by["update_spike"]),
+        "l2_jump": set(by["l2_jump"]), "loss_spike": set(loss), "frozen": set(by["frozen"]),
+        "not_loadable": {s for s in index if not loadable.get(s, True)},
+    }  # fmt: skip
+    first: dict[str, int | None] = {k: min(v) if v else None for k, v in onsets.items()}
+    diverged = [f for k in ("nonfinite", "update_spike", "l2_jump", "loss_spike")
+                if (f := first[k]) is not None]  # fmt: skip
+    divergence = min(diverged) if diverged else None
+    complete = serials["complete"] if "complete" in serials else pd.Series(True, index=index)
+    if divergence is None:
+        rollback = latest
+    else:
+        ok = [s for s in index if s < divergence and bool(loadable.get(s, True))
+              and bool(complete.get(s, True))]  # fmt: skip
+        rollback = max(ok) if ok else None
+    rows = []
+    for s in index:
+        text = []
+        nonfinite = by["nonfinite"].get(s, set())
+        spikes = by["update_spike"].get(s, set()) | by["l2_jump"].get(s, set())
+        frozen = by["frozen"].get(s, set())
+        if not bool(loadable.get(s, True)):
+            text.append("not loadable")
+        if nonfinite:
+            text.append(f"NaN/inf in {len(nonfinite)}: {_names(nonfinite)}")
+        if by["update_spike"].get(s):
+            text.append(f"update spike (> {spike_factor:g}x median) in "
+                        f"{len(by['update_spike'][s])}: {_names(by['update_spike'][s])}")  # fmt: skip
+        if by["l2_jump"].get(s):
+            text.append(f"l2 jump (> {spike_factor:g}x) in {len(by['l2_jump'][s])}: "
+                        f"{_names(by['l2_jump'][s])}")  # fmt: skip
+        if loss.get(s):
+            text.append("loss spike: " + ", ".join(loss[s]))
+        if frozen:
+            text.append(f"frozen (no change for 2+ serials) {len(frozen)}: {_names(frozen)}")
+        if not bool(loadable.get(s, True)):
+            status = "not_loadable"
+        elif nonfinite:
+            status = "nonfinite"
+        elif spikes or loss.get(s):
+            status = "spike"
+        elif frozen:
+            status = "frozen"
+        else:
+            status = "ok"
+        onset = [k for k, f in first.items() if f == s]
+        r = ratio.get(s, math.nan)
+        rows.append({"serial": s, "status": status, "findings": "; ".join(text) or None,
+                     "onset": ", ".join(onset) or None, "n_nonfinite": len(nonfinite),
+                     "n_spike": len(spikes), "n_frozen": len(frozen),
+                     "loss_spike": bool(loss.get(s)),
+                     "max_update_ratio": float(r) if pd.notna(r) else math.nan,
+                     "loadable": bool(loadable.get(s, True))})  # fmt: skip
+    table = pd.DataFrame(rows, columns=["serial", *SUMMARY_COLUMNS]).set_index("serial")
+    table = table.astype({"n_nonfinite": "int64", "n_spike": "int64", "n_frozen": "int64",
+                          "loss_spike": bool, "loadable": bool,
+                          "max_update_ratio": "float64"})  # fmt: skip
+    table.index = table.index.astype("int64")
+    for col in ("findings", "onset"):
+        table[col] = table[col].astype(object).where(table[col].notna(), None)
+    table.attrs.update(first=first, divergence=divergence, rollback_point=rollback,
+                       latest=latest, spike_factor=spike_factor, loss_factor=loss_factor,
+                       top=top_spikes(h, rules))  # fmt: skip
+    return table
+
+
+def top_spikes(h: pd.DataFrame, rules: pd.DataFrame, n: int = 10) -> list[dict]:
+    """The variables whose update jumped most over their own median (largest first): one
+    record each (node, name, serial, update_rel, median, ratio)."""
+    if not len(h):
+        return []
+    df = pd.DataFrame({"node": h["node"], "name": h["name"], "serial": h["serial"],
+                       "update_rel": h["update_rel"], "median": rules["update_median"],
+                       "ratio": rules["update_ratio"]})  # fmt: skip
+    df = df[np.isfinite(df["ratio"])]
+    df = df.sort_values("ratio", ascending=False, kind="stable")
+    df = df.drop_duplicates(["node", "name"]).head(n)
+    return [{"node": r.node, "name": r.name, "serial": int(r.serial),
+             "update_rel": float(r.update_rel), "median": float(r.median),
+             "ratio": float(r.ratio)} for r in df.itertuples(index=False)]  # fmt: skip
+
+
+def health_summary(scan: Scan, spike_factor: float = 10.0, kinds: Iterable[str] | None = ("model",),
+                   loss_factor: float = 3.0,
+                   progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:  # fmt: skip
+    """Per serial: ``status`` (ok | nonfinite | spike | frozen | not_loadable), ``findings``,
+    ``onset`` (the anomalies first seen at this serial), counts and ``max_update_ratio``;
+    ``.attrs``: ``first`` (anomaly -> first serial), ``divergence``, ``rollback_point``,
+    ``top`` (the variables with the largest update spikes). See docs/health.md."""
+    h = health(scan, kinds=kinds, progress=progress)
+    return summarize(h, scan.serials, scan.metrics, scan.latest, spike_factor, loss_factor)
