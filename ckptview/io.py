@@ -6,6 +6,7 @@ count the bytes and requests a catalog scan costs, on local disk and on S3 alike
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
 import threading
@@ -20,6 +21,15 @@ from fsspec.implementations.local import LocalFileSystem
 HEAD_BLOCK = 4096  # the first block of every file is cached: magic bytes and small headers
 #: on network (async) filesystems, ranges of one file this close are fetched as one request
 REMOTE_MERGE_GAP = 32 << 10
+#: on async filesystems the first read of a file is this long (speculative): most headers,
+#: and whole small files, come in one GET (docs/remote.md)
+SPECULATIVE_BLOCK = 64 << 10
+#: requests in flight at once on an async filesystem, unless ``storage_options`` caps it
+DEFAULT_CONCURRENCY = 64
+#: the ``storage_options`` entry (ckptview's own, not passed to fsspec) capping it
+CONCURRENCY_OPTION = "ckptview_max_concurrency"
+#: the most bytes of prefetched first blocks kept at once (per Storage)
+PREFETCH_BUDGET = 256 << 20
 
 
 class TruncatedError(ValueError):
@@ -32,6 +42,8 @@ class Counters:
 
     bytes_read: int = 0
     requests: int = 0
+    #: of ``requests``, those made in other processes (an executor's workers)
+    remote_requests: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, nbytes: int) -> None:
@@ -41,10 +53,11 @@ class Counters:
 
     def reset(self) -> None:
         with self.lock:
-            self.bytes_read = self.requests = 0
+            self.bytes_read = self.requests = self.remote_requests = 0
 
     def __getstate__(self) -> dict:  # picklable for process executors (Dask)
-        return {"bytes_read": self.bytes_read, "requests": self.requests}
+        return {"bytes_read": self.bytes_read, "requests": self.requests,
+                "remote_requests": self.remote_requests}  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, lock=threading.Lock())
@@ -71,21 +84,96 @@ def _missing_filesystem(url: str, error: ImportError) -> str:
 class Storage:
     """An fsspec filesystem plus counters; paths are the filesystem's own (protocol stripped)."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem):
+    def __init__(self, fs: fsspec.AbstractFileSystem, concurrency: int = DEFAULT_CONCURRENCY):
         self.fs = fs
         self.counters = Counters()
-        self.merge_gap = REMOTE_MERGE_GAP if getattr(fs, "async_impl", False) else 0
+        #: an fsspec async filesystem (s3, gs, az, http, hf …): reads batch on its event loop
+        self.async_fs = bool(getattr(fs, "async_impl", False))
+        self.merge_gap = REMOTE_MERGE_GAP if self.async_fs else 0
+        self.concurrency = max(1, int(concurrency))
+        #: path -> (first bytes, file size): prefetched first blocks, served to every read
+        #: inside them (dropped after a scan's listings and when the file changes)
+        self.heads: dict[str, tuple[bytes, int]] = {}
+        #: path -> the identity (size, mtime, etag) a listing last showed
+        self.seen: dict[str, tuple] = {}
         #: fsspec's own local filesystem (not a subclass or wrapper): ranged reads and the
         #: tree walk go straight to the OS, skipping fsspec's per-call path handling
         self.plain_local = type(fs) is LocalFileSystem
 
     @classmethod
     def from_url(cls, url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
+        options = dict(storage_options or {})
+        limit = int(options.pop(CONCURRENCY_OPTION, DEFAULT_CONCURRENCY))
+        protocol = url.split("://", 1)[0] if "://" in str(url) else "file"
+        if protocol in ("s3", "s3a"):  # botocore's pool holds 10 connections unless told
+            config = dict(options.get("config_kwargs") or {})
+            config.setdefault("max_pool_connections", max(10, limit))
+            options["config_kwargs"] = config
         try:
-            fs, path = url_to_fs(url, **(storage_options or {}))
+            fs, path = url_to_fs(url, **options)
         except ImportError as e:  # fsspec's "Install s3fs to access S3", as one line
             raise MissingDependencyError(_missing_filesystem(url, e)) from None
-        return cls(fs), path.rstrip("/") or "/"
+        return cls(fs, limit), path.rstrip("/") or "/"
+
+    def __getstate__(self) -> dict:  # prefetched blocks stay here (a worker reads its own)
+        return {**self.__dict__, "heads": {}}
+
+    def __setstate__(self, state: dict) -> None:
+        state.setdefault("async_fs", bool(getattr(state["fs"], "async_impl", False)))
+        state.setdefault("concurrency", DEFAULT_CONCURRENCY)
+        state.setdefault("heads", {})
+        state.setdefault("seen", {})
+        self.__dict__.update(state)
+
+    # -- concurrent first blocks (async filesystems) ------------------------------------------
+    def prefetch(self, files: list[tuple[str, int]], length: int = SPECULATIVE_BLOCK) -> int:
+        """Fetch the first ``min(size, length)`` bytes of every ``(path, size)`` not held yet,
+        ``concurrency`` requests in flight at once through the filesystem's async API (one
+        ranged GET per file); later reads inside them cost nothing. A file that fails is
+        left out (its own read raises then). Returns how many were fetched."""
+        todo = [(p, n) for p, n in files if n > 0 and p not in self.heads]
+        if not todo or not self.async_fs:
+            return 0
+        from fsspec.asyn import sync
+
+        got = sync(self.fs.loop, self.fs._cat_ranges, [p for p, _ in todo], [0] * len(todo),
+                   [min(n, length) for _, n in todo], batch_size=self.concurrency,
+                   on_error="return")  # fmt: skip
+        fetched = 0
+        for (path, size), data in zip(todo, got):
+            if isinstance(data, (bytes, bytearray)):
+                self.heads[path] = (bytes(data), size)
+                self.counters.add(len(data))
+                fetched += 1
+            else:
+                self.counters.add(0)
+        return fetched
+
+    def drop_heads(self, paths: list[str] | None = None) -> None:
+        """Forget prefetched first blocks (of ``paths``, else all)."""
+        if paths is None:
+            self.heads.clear()
+        else:
+            for p in paths:
+                self.heads.pop(p, None)
+
+    def note_listing(self, found: dict[str, dict]) -> list[tuple[str, int]]:
+        """Record a listing's file identities; the ``(path, size)`` of files new or changed
+        since the last listing (their held first blocks, now stale, are dropped)."""
+        fresh = []
+        for path, inf in found.items():
+            if inf["type"] != "file":
+                continue
+            ident = (inf["size"], inf["mtime"], inf["etag"])
+            if self.seen.get(path) != ident:
+                self.seen[path] = ident
+                self.heads.pop(path, None)
+                fresh.append((path, inf["size"]))
+        return fresh
+
+    def held(self, path: str) -> tuple[bytes, int] | None:
+        """The prefetched first block of a file and its size, if held."""
+        return self.heads.get(path) if self.heads else None
 
     @property
     def local(self) -> bool:
@@ -107,6 +195,9 @@ class Storage:
         """Bytes [start, end) of a file; one request."""
         if end <= start:
             return b""
+        held = self.heads.get(path) if self.heads else None
+        if held is not None and end <= len(held[0]):
+            return held[0][start:end]
         if self.plain_local:
             with open(path, "rb") as fh:
                 if start:
@@ -130,8 +221,9 @@ class Storage:
         if not ranges:
             return []
         spans, where = merge_ranges(ranges, getattr(self, "merge_gap", 0))
-        if len(spans) == 1:
-            got = [self.read_range(path, *spans[0])]
+        held = self.heads.get(path) if self.heads else None
+        if len(spans) == 1 or (held is not None and spans[-1][1] <= len(held[0])):
+            got = [self.read_range(path, a, b) for a, b in spans]
         else:
             n = len(spans)
             got = self.fs.cat_ranges([path] * n, [a for a, _ in spans], [b for _, b in spans])
@@ -142,6 +234,9 @@ class Storage:
         return [got[i][a - spans[i][0] : b - spans[i][0]] for (a, b), i in zip(ranges, where)]
 
     def read_all(self, path: str) -> bytes:
+        held = self.heads.get(path) if self.heads else None
+        if held is not None and len(held[0]) >= held[1]:
+            return held[0]
         data = self.fs.cat_file(path)
         self.counters.add(len(data))
         return data
@@ -274,11 +369,26 @@ class Blob:
         return self.storage.url(self.path)
 
     def head(self, n: int = HEAD_BLOCK) -> bytes:
-        """Up to ``n`` first bytes (at most one request for the cached first block)."""
+        """Up to ``n`` first bytes (at most one request for the cached first block: on an
+        async filesystem, of a file larger than SPECULATIVE_BLOCK, that block, so most
+        headers come in one GET; or the block prefetched)."""
+        head = self._head
+        if head is None:
+            held = self.storage.held(self.path)
+            if held is not None:
+                head = self._head = held[0]
+        if head is not None and (n <= len(head) or len(head) >= self.size):
+            return head[:n]
         if n <= HEAD_BLOCK:
+            # speculative on async filesystems, but never a small file's payload with it
+            first = (
+                SPECULATIVE_BLOCK
+                if self.storage.async_fs and self.size > SPECULATIVE_BLOCK
+                else HEAD_BLOCK
+            )
             with self._lock:
                 if self._head is None:
-                    self._head = self.storage.read_range(self.path, 0, min(HEAD_BLOCK, self.size))
+                    self._head = self.storage.read_range(self.path, 0, min(first, self.size))
             return self._head[:n]
         return self.read(0, min(n, self.size))
 
@@ -291,7 +401,10 @@ class Blob:
             raise TruncatedError(
                 f"{self.name}: needs bytes {offset}..{end} but the file has {self.size}"
             )
-        if end <= HEAD_BLOCK and (self._head is not None or self.size <= HEAD_BLOCK):
+        head = self._head
+        if head is not None and end <= len(head):
+            return head[offset:end]
+        if end <= HEAD_BLOCK and (head is not None or self.size <= HEAD_BLOCK):
             return self.head(HEAD_BLOCK)[offset:end]
         return self.storage.read_range(self.path, offset, end)
 
@@ -313,7 +426,11 @@ class Blob:
         return BlobSlice(self, offset, length)
 
     def open(self, **kwargs: Any):
-        """A seekable file object (for zipfile/h5py); reads are counted."""
+        """A seekable file object (for zipfile/h5py); reads are counted. A file whose
+        bytes are all held (prefetched) opens from memory."""
+        held = self.storage.held(self.path)
+        if held is not None and len(held[0]) >= held[1] and not kwargs:
+            return io.BytesIO(held[0])
         return CountingFile(self.storage, self.storage.fs.open(self.path, "rb", **kwargs))
 
 

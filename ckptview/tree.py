@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from bisect import bisect_left
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
-from .io import Blob, Storage
+from .io import PREFETCH_BUDGET, Blob, Storage
 from .model import META_DIR
 
 
@@ -32,6 +33,10 @@ class Tree:
         self.scans: dict[str, Any] = {}
         #: ckptview's own state files under ``.ckptview/`` seen by the last listing
         self.meta_files: set[str] = set()
+        #: (async filesystems) paths new or changed at the last listing, not fetched yet
+        self._fresh: set[str] = set()
+        #: a listing made by ``at`` (taken by the first ``entries``)
+        self._prefound: dict[str, dict] | None = None
         #: the listing's paths sorted, and the entries they were sorted from
         self._sorted: list[str] = []
         self._sorted_of: dict | None = None
@@ -42,6 +47,12 @@ class Tree:
     @classmethod
     def at(cls, storage: Storage, path: str) -> Tree:
         """The tree rooted at ``path``; a file becomes a one-file tree in its directory."""
+        if storage.async_fs:  # one listing tells a directory (an info would cost two)
+            found = storage.find(path)
+            if any(p.rstrip("/") != path.rstrip("/") for p in found):
+                tree = cls(storage, path)
+                tree._prefound = found
+                return tree
         info = storage.info(path)
         if info["type"] == "file":
             tree = cls(
@@ -55,7 +66,7 @@ class Tree:
     def entries(self) -> dict[str, dict]:
         if self._entries is not None:
             return self._entries
-        found = self.storage.find(self.root)
+        found, self._prefound = self._prefound or self.storage.find(self.root), None
         out = {}
         meta = set()
         for path, inf in found.items():
@@ -65,7 +76,38 @@ class Tree:
             elif rel.startswith(META_DIR + "/"):
                 meta.add(rel)
         self.meta_files = meta
+        if self.storage.async_fs:
+            self._note(found)
         return out
+
+    def _note(self, found: dict[str, dict]) -> None:
+        """On an async filesystem: remember which files are new or changed since the last
+        listing (the only ones a sibling prefetch may fetch: the rest are in the header cache)."""
+        self._fresh = {path for path, _ in self.storage.note_listing(found)}
+
+    def _prefetch_siblings(self, rel: str, limit: int) -> None:
+        """A layout reads one small file whole (a marker, an index, a state file): every
+        serial has its like. Fetch, concurrently in one batch, each fresh file of the same
+        name pattern (digits aside) at the same depth (at most ``limit`` bytes each), so the
+        layout's next reads cost no request of their own."""
+        fresh = getattr(self, "_fresh", None)
+        if not fresh or self.abs(rel) not in fresh:
+            return
+        pattern, depth, entries = _pattern(rel), rel.count("/"), self.entries
+        todo, budget = [], PREFETCH_BUDGET
+        for path in list(fresh):
+            other = self.rel(path)
+            inf = entries.get(other)
+            if inf is None or other.count("/") != depth or _pattern(other) != pattern:
+                continue
+            n = min(inf["size"], limit)
+            budget -= n
+            if budget < 0:
+                break
+            todo.append((path, inf["size"]))
+        fresh.difference_update(p for p, _ in todo)
+        if len(todo) > 1:
+            self.storage.prefetch(todo, limit)
 
     @property
     def listed(self) -> bool:
@@ -174,6 +216,8 @@ class Tree:
             key = cache.key("bytes", self.url(rel), self.entries.get(rel), limit)
         data = cache.get(key) if key else None
         if data is None:
+            if self.storage.async_fs:
+                self._prefetch_siblings(rel, limit)
             data = self.blob(rel).read_upto(0, limit)
             if key:
                 cache.put(key, data)
@@ -197,3 +241,12 @@ class Tree:
 
     def url(self, rel: str = "") -> str:
         return self.storage.url(self.abs(rel))
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _pattern(rel: str) -> str:
+    """A file's name with its numbers blanked: ``checkpoint-100/trainer_state.json`` and
+    ``checkpoint-200/trainer_state.json`` share one (as do ``trainer_0.3`` and ``trainer_1.4``)."""
+    return _DIGITS.sub("#", rel)

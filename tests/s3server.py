@@ -98,6 +98,7 @@ class ProxyState:
     inflight: int = 0
     max_inflight: int = 0
     delay: float = 0.0  # seconds added to every GET (to see overlap)
+    delay_methods: tuple[str, ...] = ("GET",)  # the methods ``delay`` holds
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -198,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.state.lock:
             self.state.inflight += 1
             self.state.max_inflight = max(self.state.max_inflight, self.state.inflight)
-            delay = self.state.delay if method == "GET" else 0.0
+            delay = self.state.delay if method in self.state.delay_methods else 0.0
         try:
             if delay:
                 time.sleep(delay)
@@ -272,3 +273,56 @@ def upload(fs, local: Path, bucket: str, prefix: str) -> str:
     fs.put(str(local).rstrip("/") + "/", f"{bucket}/{prefix}", recursive=True)
     fs.invalidate_cache()
     return f"s3://{bucket}/{prefix}"
+
+
+def set_delay(proxy: FaultProxy, seconds: float, methods: tuple[str, ...] = ("GET",)) -> None:
+    """Hold every request of ``methods`` ``seconds`` at ``proxy`` (a store's latency); the
+    high-water mark of requests in flight is reset."""
+    with proxy.state.lock:
+        proxy.state.delay = seconds
+        proxy.state.delay_methods = methods
+        proxy.state.max_inflight = 0
+
+
+def write_sharded_run(root: Path, serials: int = 25, shards: int = 8, tensors: int = 4,
+                      first: int = 100, step: int = 100, rows: int = 8) -> list[Path]:  # fmt: skip
+    """A ``transformers.Trainer``-shaped tree: ``checkpoint-N/`` with ``shards`` safetensors
+    shards, their ``model.safetensors.index.json`` and ``trainer_state.json`` (``serials``
+    of them, N = first, first + step, …); ``rows`` × 4 float32 tensors. The serial dirs
+    written."""
+    import json
+    import struct
+
+    import numpy as np
+
+    made = []
+    for k in range(serials):
+        n = first + k * step
+        d = root / f"checkpoint-{n}"
+        d.mkdir(parents=True, exist_ok=True)
+        weight_map, total = {}, 0
+        for s in range(shards):
+            fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            header, blobs, off = {}, [], 0
+            for t in range(tensors):
+                name = f"layers.{s * tensors + t}.weight"
+                arr = np.full((8, 4), n + s + t / 10, dtype=np.float32).tobytes()
+                header[name] = {
+                    "dtype": "F32",
+                    "shape": [8, 4],
+                    "data_offsets": [off, off + len(arr)],
+                }
+                blobs.append(arr)
+                off += len(arr)
+                weight_map[name] = fname
+            raw = json.dumps(header, separators=(",", ":")).encode()
+            raw += b" " * (-len(raw) % 8)
+            (d / fname).write_bytes(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
+            total += off
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        state = {"global_step": n, "epoch": float(k + 1), "max_steps": first + serials * step,
+                 "log_history": [{"step": n, "loss": 1.0 / (k + 1), "epoch": float(k + 1)}]}  # fmt: skip
+        (d / "trainer_state.json").write_text(json.dumps(state))
+        made.append(d)
+    return made

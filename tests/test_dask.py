@@ -67,6 +67,8 @@ def test_s3_catalog_on_process_workers(client):
         got, want = facts(cat), facts(local)
         pd.testing.assert_frame_equal(got[0], want[0])
         pd.testing.assert_frame_equal(got[1], want[1])
-        assert cat.storage.counters.requests == local.storage.counters.requests
+        # the workers read headers through the batched first reads: never more requests
+        # than local disk takes (fewer: a first block fetched for a batch serves the rest)
+        assert 0 < cat.storage.counters.requests <= local.storage.counters.requests
     finally:
         server.stop()

@@ -195,7 +195,7 @@ class Caffe2Codec(Codec):
         for var in variables:
             if var.error:
                 problems.append(f"{var.name}: {var.error}")
-        missing = self._missing_from_blob_names(blob, variables)
+        missing = self._missing_from_blob_names(_Buffered(win), variables)  # type: ignore[arg-type]
         if missing:
             shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
             problems.append(f"blob_names lists {len(missing)} blob(s) absent here: {shown}")
@@ -266,3 +266,19 @@ def _blob_value(blob: Blob, loc: Locator) -> np.ndarray:
         values = values.reshape(dims)
     out[()] = {"type": loc.blob_type, "content": content, "tensor": values}
     return out
+
+
+class _Buffered:
+    """A Blob read through a listing's Window: a value inside the bytes the listing already
+    fetched (``blob_names``, often last) costs no request of its own; another is read
+    exactly (the window stays where the listing left it)."""
+
+    def __init__(self, win: Window):
+        self.win, self.blob = win, win.blob
+        self.name, self.path, self.size = win.blob.name, win.blob.path, win.size
+
+    def read(self, offset: int, length: int) -> bytes:
+        win, end = self.win, offset + length
+        if win._start <= offset and end <= win._start + len(win._buf):
+            return win._buf[offset - win._start : end - win._start]
+        return self.blob.read(offset, length)  # exactly the value, no window ahead

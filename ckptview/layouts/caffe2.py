@@ -15,6 +15,7 @@ import posixpath
 import re
 import weakref
 
+from ..io import HEAD_BLOCK
 from ..model import FileRef, SerialInfo, TreeScan
 from ..tree import Tree
 from .base import Layout, LayoutTier
@@ -119,6 +120,8 @@ def _sniff(tree: Tree, rel: str) -> bool:
     if rel not in memo:
         size = tree.size(rel)
         try:
+            if tree.storage.async_fs:  # the codec's first block, kept for its listing
+                tree.storage.prefetch([(tree.abs(rel), size)], HEAD_BLOCK)
             head = tree.storage.read_range(tree.abs(rel), 0, min(SNIFF_BYTES, size))
             memo[rel] = _minidb_sniff(head, size)
         except (OSError, ValueError):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from .. import registry
 from ..codecs.base import Codec, PartialRead
@@ -173,7 +174,9 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
                 continue
         todo.append(i)
     isolated = getattr(executor, "isolates", False)
-    if (len(todo) == 1 and not isolated) or (todo and executor is None):
+    if todo and storage.async_fs and not isolated:
+        _run_async(storage, jobs, todo, executor, out, tick)
+    elif (len(todo) == 1 and not isolated) or (todo and executor is None):
         named: dict[str, Codec] = {}
         with paused_gc:
             for i in todo:
@@ -203,6 +206,121 @@ def run_listings(storage: Storage, tree: Tree, jobs: list[tuple[int, FileRef]],
     return out
 
 
+def list_concurrent(storage: Storage, jobs: list[tuple[int, FileRef]],
+                    done: Callable[[int, FileResult], None] | None = None) -> list[FileResult]:  # fmt: skip
+    """List files on an async filesystem, ``storage.concurrency`` at once: each parser runs
+    on a thread of :func:`io_pool` and its reads wait on fsspec's event loop, where they
+    overlap (a first read is a speculative block: most headers come in one GET).
+    ``done(i, result)`` per file, in order."""
+    named: dict[str, Codec] = {}
+
+    def one(i: int) -> FileResult:
+        with paused_gc:
+            return _list_file(storage, *jobs[i], named)
+
+    if len(jobs) == 1:
+        results: Any = [one(0)]
+    else:
+        results = io_pool(storage.concurrency).map(one, range(len(jobs)))
+    out = []
+    for i, res in enumerate(results):
+        out.append(res)
+        if done is not None:
+            done(i, res)
+    return out
+
+
+_IO_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def io_pool(n: int) -> ThreadPoolExecutor:
+    """A shared pool of ``n`` threads for reads on async filesystems: each waits on one
+    request (the GIL is free meanwhile), so ``n`` requests are in flight."""
+    with _POOL_LOCK:
+        pool = _IO_POOLS.get(n)
+        if pool is None:
+            pool = _IO_POOLS[n] = ThreadPoolExecutor(
+                max_workers=n, thread_name_prefix="ckptview-io"
+            )
+        return pool
+
+
+def list_batch(storage: Storage, jobs: list[tuple[int, FileRef]], held: dict[str, tuple[bytes, int]],
+               origin: tuple[str, int]) -> tuple[list[FileResult], tuple[int, int] | None]:  # fmt: skip
+    """:func:`list_concurrent` for an executor (a Dask worker lists its share concurrently):
+    ``held``, the first blocks the caller already has; in another process the bytes and
+    requests counted come back with the results."""
+    remote = _origin() != origin
+    if remote:
+        storage.counters.reset()
+    storage.heads.update(held)
+    try:
+        res = list_concurrent(storage, jobs)
+    finally:
+        storage.drop_heads([ref.path for _, ref in jobs])
+    delta = (storage.counters.bytes_read, storage.counters.requests) if remote else None
+    return res, delta
+
+
+def _run_async(
+    storage: Storage,
+    jobs: list[tuple[int, FileRef]],
+    todo: list[int],
+    executor: Executor | None,
+    out: list,
+    tick: Callable[[], None],
+) -> None:
+    """The misses ``todo`` of an async filesystem, listed concurrently: here (on the shared
+    thread pool, or the thread pool given) or, on any other executor (Dask's), in batches
+    that each worker lists concurrently."""
+    if executor is None or isinstance(executor, ThreadPoolExecutor):
+
+        def done(k: int, res: FileResult) -> None:
+            out[todo[k]] = res
+            tick()
+
+        list_concurrent(storage, [jobs[i] for i in todo], done)
+        storage.drop_heads()
+        return
+    n = max(16, min(4 * storage.concurrency, -(-len(todo) // 8)))
+    origin = _origin()
+    batches = [todo[a : a + n] for a in range(0, len(todo), n)]
+    futures = []
+    for batch in batches:
+        held = {jobs[i][1].path: storage.heads[jobs[i][1].path]
+                for i in batch if jobs[i][1].path in storage.heads}  # fmt: skip
+        futures.append(executor.submit(list_batch, storage, [jobs[i] for i in batch], held, origin))
+    storage.drop_heads()
+    for batch, fut in zip(batches, futures):
+        try:
+            results, delta = fut.result()
+        except Exception as e:  # noqa: BLE001 - a worker died: each file alone, again
+            for i in batch:
+                res, d = _alone(executor, storage, jobs[i], origin, e)
+                _land(storage, jobs, out, i, res, d)
+                tick()
+            continue
+        for i, res in zip(batch, results):
+            _land(storage, jobs, out, i, res, None)
+            tick()
+        _land_counts(storage, delta)
+
+
+def _land(storage: Storage, jobs: list[tuple[int, FileRef]], out: list, i: int,
+          res: FileResult, delta: tuple[int, int] | None) -> None:  # fmt: skip
+    res.ref = jobs[i][1]
+    out[i] = res
+    _land_counts(storage, delta)
+
+
+def _land_counts(storage: Storage, delta: tuple[int, int] | None) -> None:
+    if delta is not None:
+        with storage.counters.lock:
+            storage.counters.bytes_read += delta[0]
+            storage.counters.requests += delta[1]
+            storage.counters.remote_requests += delta[1]
+
+
 def _store(cache: HeaderCache, tree: Tree, entries: dict | None, now: float | None,
            jobs: list[tuple[int, FileRef]], out: list[FileResult],
            keys: list[CacheKey | None] | None, todo: list[int] | None = None) -> None:  # fmt: skip
@@ -211,7 +329,9 @@ def _store(cache: HeaderCache, tree: Tree, entries: dict | None, now: float | No
     for i in range(len(jobs)) if todo is None else todo:
         res = out[i]
         if not transient(res.error):
-            key = keys[i] if keys is not None else listing_key(cache, tree, jobs[i][1], entries, now)
+            key = (
+                keys[i] if keys is not None else listing_key(cache, tree, jobs[i][1], entries, now)
+            )
             cache.put(key, (res.codec, res.variables, res.error))
 
 
