@@ -65,6 +65,6 @@ def test_usage_errors_exit_two(tmp_path, capsys):
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     with pytest.raises(SystemExit) as e:
         main(["health"])  # no URL
-    assert e.value.code == 2 and "url" in capsys.readouterr().err
+    assert e.value.code == 2 and "url" in capsys.readouterr().err.lower()
     code, _, err = run(capsys, "health", tmp_path / "nowhere")
     assert code == 1 and len(err.strip().splitlines()) == 1

@@ -121,6 +121,23 @@ def test_filters_and_unknown_names(tmp_path):
         cat.health(serials=[999])
 
 
+@pytest.mark.parametrize("chunk_bytes", [H.CHUNK_BYTES, 1000])
+def test_each_serial_is_read_once(tmp_path, chunk_bytes):
+    """update_rel pairs each serial with its predecessor in the same pass: every file's
+    tensor bytes are read at most once (the old lockstep read each serial's twice)."""
+    root = tmp_path / "run"
+    written = write_run(root, n=4)
+    scan = cv.open(root, cache=False)._scan
+    assert len(scan.variables)  # headers read
+    counters = scan.storage.counters
+    counters.reset()
+    h = H.health(scan, chunk_bytes=chunk_bytes)
+    values = sum(a.nbytes for arrays in written.values() for a in arrays.values())
+    headers = 1024 * len(written) * len(SHAPES)  # the .npy and zip headers, at most
+    assert h["update_rel"].notna().sum() == 3 * len(SHAPES) and h["error"].isna().all()
+    assert values <= counters.bytes_read <= values + headers, (counters.bytes_read, values)
+
+
 # -- rules and rollback ------------------------------------------------------------------------
 def test_healthy_run(tmp_path):
     write_run(tmp_path / "run", n=6, still=True)  # a weight frozen from the start: no finding

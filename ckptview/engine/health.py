@@ -1,12 +1,14 @@
 """Health over serials (DESIGN.md §3e): per-variable statistics across a run, the rules that
 find where it went wrong, and the serial to roll back to.
 
-:func:`health` streams every floating-point variable of every serial chunk by chunk (logical
-tensors of any layout, through :meth:`Scan.iter_chunks`), its predecessor's chunks in
-lockstep for ``update_rel``, several variables at once on the scan's executor, with memory
-bounded by a few chunks per variable in flight. Spectral statistics need the whole 2-D
-matrix in memory (as float64); matrices above ``spectral_max_numel`` values are skipped
-(NaN and a ``note``).
+:func:`health` reads each serial's values once: one job per variable (several at once on the
+scan's executor) streams the serials that need work side by side, chunk by chunk (logical
+tensors of any layout, through :meth:`Scan.iter_chunks`), re-cut into blocks of one size so
+they line up; per block each serial's float64 copy serves both its own statistics and
+``update_rel`` against the serial before (:func:`measure_variable`). Memory: about two chunks
+per serial streamed, at most :data:`MEMORY_BYTES` per variable. Spectral statistics need the
+whole 2-D matrix in memory (as float64); matrices above ``spectral_max_numel`` values are
+skipped (NaN and a ``note``).
 
 Results are kept in the scan's header cache, keyed by the identities (URL, size, mtime,
 ETag) of the files holding the variable in that serial, and of both serials' files for
@@ -26,14 +28,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from ..dtypes import itemsize
 from ..scan.cache import FORMAT, CacheKey, HeaderCache
 from ..scan.core import Scan
-from .diff import DiffAccumulator, _ReadAhead, aligned
+from .diff import DiffAccumulator, _ReadAhead
 from .stats import CHUNK_BYTES, bounded_map
 
 HEALTH_STATS = ["l2", "rms", "max_abs", "n_nan", "n_inf"]
@@ -47,6 +51,10 @@ SUMMARY_COLUMNS = ["status", "findings", "onset", "n_nonfinite", "n_spike", "n_f
 SPECTRAL_MAX_NUMEL = 1 << 24
 MIN_EVALS = 10  # fewer eigenvalues: no alpha (WeightWatcher skips small layers too)
 MIN_UPDATES = 3  # a variable's update median needs this many finite update_rel values
+#: values a variable's job holds at once (its serials streamed side by side, about two chunks
+#: each); up to :data:`~ckptview.engine.stats.WINDOW` variables are measured at once
+MEMORY_BYTES = 32 << 20
+MIN_CHUNK = 1 << 20  # chunks shrink to this before a run's serials are split into groups
 VERSION = 1  # bump when a cached health value changes meaning
 LOSS_NAME = re.compile(r"loss", re.I)
 
@@ -146,65 +154,298 @@ def _flat_chunks(w: np.ndarray, chunk_bytes: int) -> Iterator[np.ndarray]:
         yield flat[start : start + step]
 
 
-def measure(scan: Scan, serial: int, node: str, name: str, shape: tuple, prev: int | None,
-            need_stats: bool, need_update: bool, need_spectral: bool,
-            chunk_bytes: int = CHUNK_BYTES,
-            spectral_max_numel: int = SPECTRAL_MAX_NUMEL) -> dict:  # fmt: skip
-    """What is asked of one variable of one serial, in one pass over its values (and its
-    predecessor's, in lockstep, for ``update_rel``); a failure is the ``error`` field."""
-    out: dict[str, Any] = {}
-    notes = []
-    try:
-        whole = None
-        if need_spectral:
-            if len(shape) != 2:
-                need_spectral = False
-            elif math.prod(shape) > spectral_max_numel:
-                out.update(sigma_max=math.nan, alpha=math.nan)
-                notes.append(f"spectral: skipped, {math.prod(shape):,} values > "
-                             f"{spectral_max_numel:,}")  # fmt: skip
-                need_spectral = False
-            else:
-                whole = np.asarray(scan.read(name, serial, node))
-                if whole.ndim != 2:
-                    whole = whole.reshape(shape)
-                got = spectral_stats(whole)
-                if "note" in got:
-                    notes.append(got.pop("note"))
-                out.update(got)
-        if need_stats or need_update:
-            acc = NormAccumulator() if need_stats else None
-            diff = DiffAccumulator() if need_update else None
-            if whole is not None:
-                cur: Iterable[np.ndarray] = _flat_chunks(whole, chunk_bytes)
-            else:
-                cur = _ReadAhead(scan.iter_chunks(name, serial, node, chunk_bytes))
-            old = None
-            try:
-                if diff is not None:
-                    old = _ReadAhead(scan.iter_chunks(name, prev, node, chunk_bytes))
-                    for xa, xb in aligned(old, cur):
-                        diff.add(xa, xb)
-                        if acc is not None:
-                            acc.add(xb)
+def _blocks(chunks: Iterable[np.ndarray], n: int) -> Iterator[np.ndarray]:
+    """A stream cut anywhere, re-cut into flat blocks of exactly ``n`` values (the last may be
+    shorter): views of the stream's chunks when their edges fall on block edges (a stream
+    read with the same chunk size), one copy across them otherwise."""
+    buf: np.ndarray | None = None
+    fill = 0
+    for chunk in chunks:
+        c = np.asarray(chunk).reshape(-1)
+        i = 0
+        if buf is not None:
+            if c.dtype != buf.dtype:
+                buf = buf.astype(np.result_type(buf.dtype, c.dtype))
+            take = min(n - fill, c.size)
+            buf[fill : fill + take] = c[:take]
+            fill, i = fill + take, take
+            if fill < n:
+                continue
+            yield buf
+            buf, fill = None, 0
+        while c.size - i >= n:
+            yield c[i : i + n]
+            i += n
+        if i < c.size:
+            buf = np.empty(n, c.dtype)
+            fill = c.size - i
+            buf[:fill] = c[i:]
+        c = chunk = None  # type: ignore[assignment]  # not held while the next is read
+    if buf is not None:
+        yield buf[:fill]
+
+
+@dataclass
+class Want:
+    """One serial of a variable in a :func:`measure_variable` job: what is asked of it.
+    ``update``: ``update_rel`` against the previous entry of the job (same shape); an entry
+    asking nothing is read as the next one's predecessor (its statistics come along)."""
+
+    serial: int
+    shape: tuple
+    dtype: str
+    stats: bool = False
+    update: bool = False
+    spectral: bool = False
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:300]
+
+
+def _grouping(n: int, chunk_bytes: int, memory_bytes: int) -> tuple[int, int]:
+    """(serials per group, chunk bytes) for a run of ``n`` serials streamed side by side:
+    each holds about two chunks (the one reduced, the one read ahead), so
+    group × 2 × chunk ≤ ``memory_bytes``; chunks shrink (down to :data:`MIN_CHUNK`) before a
+    run is split into groups."""
+    floor = max(1, min(chunk_bytes, MIN_CHUNK))
+    group = max(2, min(n, memory_bytes // (2 * floor)))
+    chunk = max(floor, min(chunk_bytes, memory_bytes // (2 * group)))
+    return group, chunk
+
+
+class _Lane:
+    """One serial's stream in a group: its blocks, its statistics, and why it failed."""
+
+    def __init__(self, blocks: Iterator[np.ndarray] | None, stats: bool, error: str | None):
+        self.blocks = blocks
+        self.norm = NormAccumulator() if stats else None
+        self.error = error
+        self.done = blocks is None
+
+    def next(self) -> np.ndarray | None:
+        if self.done or self.error is not None or self.blocks is None:
+            return None
+        try:
+            x = next(self.blocks, None)
+        except Exception as e:  # noqa: BLE001 - this serial's rows get the error
+            self.error, x = _error(e), None
+        if x is None:
+            self.done = True
+        return x
+
+
+def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
+            pairs: list[DiffAccumulator | None], bufs: np.ndarray) -> None:  # fmt: skip
+    """One block index of a group: each lane's block widened to float64 once, in cache-sized
+    pieces, for both its Σx² and the diff against the lane before (``pairs[j]``: lane j - 1
+    against lane j). max|x| comes from the raw block; a block holding NaN/inf takes
+    :class:`NormAccumulator`'s masked path, a piece whose difference is NaN
+    :class:`DiffAccumulator`'s general one."""
+    k = len(xs)
+    fast = [False] * k
+    for j, (x, lane) in enumerate(zip(xs, lanes)):
+        norm = lane.norm
+        if x is None or norm is None or not x.size:
+            continue
+        if x.dtype.kind == "f" and x.dtype.isnative:
+            hi, lo = float(x.max()), float(x.min())
+            if math.isfinite(hi) and math.isfinite(lo):
+                fast[j] = True
+                norm.n_finite += x.size
+                norm.max_abs = max(norm.max_abs, hi, -lo)
+                continue
+        norm.add(x)
+    # widened: a lane whose Σx² is wanted (fast statistics; the old side of a diff), or the
+    # new side of a diff
+    wide = [x is not None and (fast[j] or pairs[j] is not None
+                               or (j + 1 < k and pairs[j + 1] is not None))
+            for j, x in enumerate(xs)]  # fmt: skip
+    sums, d2, a2 = [0.0] * k, [0.0] * k, [0.0] * k
+    counts = [0] * k
+    size = max((x.size for x in xs if x is not None), default=0)
+    copy, sub, f64 = np.copyto, np.subtract, np.dtype(np.float64)
+    step = bufs.shape[1]
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: the general path's case
+        for start in range(0, size, step):
+            prev: np.ndarray | None = None
+            prev_ss = 0.0
+            for j in range(k):
+                x = xs[j]
+                if x is None or not wide[j]:
+                    prev = None
+                    continue
+                part = x[start : start + step]
+                if part.dtype == f64:
+                    cur = part
                 else:
-                    for xb in cur:
-                        if acc is not None:
-                            acc.add(xb)
-            finally:
-                for stream in (old, cur):
-                    if isinstance(stream, _ReadAhead):
-                        stream.close()
-            if acc is not None:
-                out.update(acc.result())
-            if diff is not None:
-                out["update_rel"] = diff.result()["rel_l2"]
-        out["note"] = "; ".join(notes) or None
-        out["error"] = None
-    except Exception as e:  # noqa: BLE001 - one bad variable must not sink the table
-        out["error"] = f"{type(e).__name__}: {e}"[:300]
-        out["note"] = "; ".join(notes) or None
-    return out
+                    cur = bufs[j & 1] if part.size == step else bufs[j & 1, : part.size]
+                    copy(cur, part, casting="unsafe")
+                ss = float(cur.dot(cur))
+                sums[j] += ss
+                acc = pairs[j]
+                if acc is not None and prev is not None and prev.size == cur.size:
+                    d = bufs[2] if cur.size == step else bufs[2, : cur.size]
+                    sub(cur, prev, out=d)
+                    dd = float(d.dot(d))
+                    if dd != dd:  # NaN in the difference: equal NaNs / infinities are no change
+                        old = xs[j - 1]
+                        assert old is not None
+                        acc.add(old[start : start + step], part)
+                    else:
+                        d2[j] += dd
+                        a2[j] += prev_ss
+                        counts[j] += cur.size
+                prev, prev_ss = cur, ss
+    for j in range(k):
+        norm = lanes[j].norm
+        if fast[j] and norm is not None:
+            norm.sumsq += sums[j]
+        acc = pairs[j]
+        if acc is not None:
+            acc.d2 += d2[j]
+            acc.a2 += a2[j]
+            acc.n += counts[j]
+
+
+def measure_variable(scan: Scan, node: str, name: str, wants: list[Want],
+                     chunk_bytes: int = CHUNK_BYTES,
+                     spectral_max_numel: int = SPECTRAL_MAX_NUMEL,
+                     memory_bytes: int = MEMORY_BYTES) -> list[dict]:  # fmt: skip
+    """What is asked of one variable in several serials (``wants``, in serial order), each
+    serial's values read once: runs of entries chained by ``update`` are streamed side by side
+    in groups (see :func:`_grouping`), re-cut into blocks of one size so every stream lines up;
+    consecutive groups share one serial (read again, as the next group's predecessor). One
+    dict per entry: the statistics of every entry read, ``update_rel``, ``sigma_max`` and
+    ``alpha``, ``note`` and ``error`` (a failed read: that entry's, or its predecessor's)."""
+    outs: list[dict[str, Any]] = [{"notes": [], "error": None} for _ in wants]
+    runs: list[list[int]] = []
+    for i, w in enumerate(wants):
+        if w.update and runs:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    for run in runs:
+        group, chunk = _grouping(len(run), chunk_bytes, memory_bytes)
+        for start in range(0, max(1, len(run) - 1), group - 1):
+            members = run[start : start + group]
+            carried = start > 0  # the first member's statistics came with the group before
+            _measure_group(scan, node, name, wants, members, carried, outs, chunk,
+                           spectral_max_numel, memory_bytes)  # fmt: skip
+    results = []
+    for w, out in zip(wants, outs):
+        got: dict[str, Any] = {"note": "; ".join(out.pop("notes")) or None}
+        error = out.pop("error") or (out.pop("update_error", None) if w.update else None)
+        if w.spectral and "sigma_max" in out:
+            got.update(sigma_max=out["sigma_max"], alpha=out["alpha"])
+        if error is None:
+            got.update({k: v for k, v in out.items() if k in (*HEALTH_STATS, "update_rel")})
+        got["error"] = error
+        results.append(got)
+    return results
+
+
+def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members: list[int],
+                   carried: bool, outs: list[dict], chunk: int, spectral_max_numel: int,
+                   memory_bytes: int) -> None:  # fmt: skip
+    """One group of :func:`measure_variable`: spectra first (whole matrices), then every
+    member's values streamed in lockstep, block by block."""
+    wholes: dict[int, np.ndarray] = {}
+    share = memory_bytes // max(1, 2 * len(members))
+    for pos, i in enumerate(members):
+        w, out = wants[i], outs[i]
+        if not w.spectral or (carried and pos == 0) or len(w.shape) != 2:
+            continue
+        numel = math.prod(w.shape)
+        if numel > spectral_max_numel:
+            out.update(sigma_max=math.nan, alpha=math.nan)
+            out["notes"].append(f"spectral: skipped, {numel:,} values > {spectral_max_numel:,}")
+            continue
+        try:
+            whole = np.asarray(scan.read(name, w.serial, node))
+            if whole.ndim != 2:
+                whole = whole.reshape(w.shape)
+            got = spectral_stats(whole)
+        except Exception as e:  # noqa: BLE001 - one bad serial must not sink the table
+            out["error"] = _error(e)
+            continue
+        if "note" in got:
+            out["notes"].append(got.pop("note"))
+        out.update(got)
+        if whole.nbytes <= share:  # small: its values are streamed from memory
+            wholes[i] = whole
+    streamed = [i for pos, i in enumerate(members)
+                if wants[i].stats or wants[i].update or pos + 1 < len(members)]  # fmt: skip
+    if not streamed:
+        return
+    width = max(_itemsize(wants[i].dtype) for i in streamed)
+    n = max(1, chunk // width)
+    lanes: list[_Lane] = []
+    pairs: list[DiffAccumulator | None] = []
+    heads: list[_ReadAhead] = []
+    try:
+        for pos, i in enumerate(streamed):
+            w = wants[i]
+            own = not (carried and pos == 0)
+            error = outs[i]["error"] if own else None
+            blocks = None
+            if error is None:
+                try:
+                    if i in wholes:
+                        source: Iterable[np.ndarray] = _flat_chunks(wholes[i], chunk)
+                    else:
+                        head = _ReadAhead(scan.iter_chunks(name, w.serial, node, chunk))
+                        heads.append(head)
+                        source = head
+                    blocks = _blocks(source, n)
+                except Exception as e:  # noqa: BLE001 - its rows get the error
+                    error = _error(e)
+            lanes.append(_Lane(blocks, stats=own and error is None, error=error))
+            pairs.append(DiffAccumulator() if pos > 0 and w.update else None)
+        bufs = np.empty((3, NormAccumulator.BLOCK))
+        while True:
+            xs = [lane.next() for lane in lanes]
+            if all(x is None for x in xs):
+                break
+            for j, acc in enumerate(pairs):
+                if acc is None:
+                    continue
+                a, b = xs[j - 1], xs[j]
+                bad = lanes[j - 1].error or lanes[j].error
+                if bad is None and (a is None or b is None or a.size != b.size):
+                    bad = "ValueError: the two sides hold different numbers of values"
+                if bad is not None:
+                    outs[streamed[j]]["update_error"] = bad
+                    pairs[j] = None
+            _reduce(xs, lanes, pairs, bufs)
+            del xs  # this block index is not held while the next one is read
+    except Exception as e:  # noqa: BLE001 - an unexpected failure: every row of the group
+        for pos, lane in enumerate(lanes):
+            lane.error = lane.error or _error(e)
+            if pairs[pos] is not None:
+                outs[streamed[pos]]["update_error"] = lane.error
+                pairs[pos] = None
+    finally:
+        for head in heads:
+            head.close()
+    for pos, (i, lane, acc) in enumerate(zip(streamed, lanes, pairs)):
+        out = outs[i]
+        if lane.norm is not None:
+            if lane.error is not None:
+                out["error"] = out["error"] or lane.error
+            else:
+                out.update(lane.norm.result())
+        if acc is not None:
+            out["update_rel"] = acc.result()["rel_l2"]
+        elif pos > 0 and wants[i].update and "update_error" not in out:
+            out["update_error"] = lanes[pos - 1].error or lane.error or "ValueError: unpaired"
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return max(1, itemsize(dtype))
+    except Exception:  # noqa: BLE001 - an unknown name: assume float32
+        return 4
 
 
 # -- cache keys -------------------------------------------------------------------------------
@@ -258,8 +499,9 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
     ‖W_prev‖₂ against ``prev_serial``, the previous serial holding the variable; NaN for the
     first or when the shape changed), with ``spectral`` also ``sigma_max`` and ``alpha`` of
     2-D weights; ``note`` and ``error`` say what was skipped or failed. ``kinds``: only
-    variables of these kinds (``model``, ``optimizer``…). ``progress(done, total)``: per
-    variable measured."""
+    variables of these kinds (``model``, ``optimizer``…). ``progress(done, total)``: rows
+    measured, after each variable (its serials are measured together, each read once; see
+    :func:`measure_variable`)."""
     v = scan.variables
     v = v[[is_float(d) for d in v["dtype"]]]
     if kinds is not None:
@@ -272,28 +514,27 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
             raise KeyError(f"no floating-point variable {missing[0]!r}")
         v = v[v["name"].isin(names)]
     v = v.sort_values(["node", "name", "serial"], kind="stable")
-    prev = v.groupby(["node", "name"], sort=False)["serial"].shift(1)
-    prev_shape = v.groupby(["node", "name"], sort=False)["shape"].shift(1)
-    prev_file = v.groupby(["node", "name"], sort=False)["file"].shift(1)
-    prev_whole = v.groupby(["node", "name"], sort=False)["n_shards"].shift(1)
+    shifted = v.groupby(["node", "name"], sort=False)[
+        ["serial", "shape", "dtype", "file", "n_shards", "quant"]].shift(1)  # fmt: skip
     if serials is not None:
         wanted = {int(s) for s in ([serials] if isinstance(serials, int) else serials)}
         unknown = sorted(wanted - set(scan.serials.index))
         if unknown:
             raise KeyError(f"no serial {unknown[0]}; serials: {list(scan.serials.index)}")
         keep = v["serial"].isin(wanted)
-        v, prev, prev_shape = v[keep], prev[keep], prev_shape[keep]
-        prev_file, prev_whole = prev_file[keep], prev_whole[keep]
+        v, shifted = v[keep], shifted[keep]
     cache = scan.cache
     files = _Files(scan)
     rows: list[dict] = []
-    jobs: list[tuple] = []
-    where: list[tuple[int, list[CacheKey | None]]] = []
+    # per variable: serial -> what to measure, and (its row or None, the cache keys to fill)
+    plans: dict[tuple[str, str], dict[int, tuple[Want, int | None, list]]] = {}
+    in_rows: set[tuple[str, str, int]] = set()
     columns = zip(v["serial"], v["node"], v["name"], v["kind"], v["dtype"], v["shape"],
-                  v["file"], v["n_shards"], v["quant"], v["error"], prev, prev_shape,
-                  prev_file, prev_whole)  # fmt: skip
+                  v["file"], v["n_shards"], v["quant"], v["error"], shifted["serial"],
+                  shifted["shape"], shifted["dtype"], shifted["file"], shifted["n_shards"],
+                  shifted["quant"])  # fmt: skip
     for (serial, node, name, kind, dtype, shape, file, n_shards, quant, error, p, p_shape,
-         p_file, p_whole) in columns:  # fmt: skip
+         p_dtype, p_file, p_whole, p_quant) in columns:  # fmt: skip
         serial = int(serial)
         shape = tuple(shape)
         row: dict[str, Any] = {"serial": serial, "node": node, "name": name, "kind": kind,
@@ -304,6 +545,7 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
         if spectral:
             row.update(sigma_max=math.nan, alpha=math.nan)
         rows.append(row)
+        in_rows.add((node, name, serial))
         if error is not None:
             continue
         ident = files.key(serial, node, name, file, n_shards == 1 and quant is None)
@@ -336,33 +578,55 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
                 row.update(sigma_max=got["sigma_max"], alpha=got["alpha"])
                 if got.get("note"):
                     row["note"] = "; ".join(n for n in (row["note"], got["note"]) if n)
-        if need_stats or need_update or need_spec:
-            jobs.append((scan, serial, node, name, shape, int(p) if has_prev else None,
-                         need_stats, need_update, need_spec, chunk_bytes,
-                         spectral_max_numel))  # fmt: skip
-            where.append((len(rows) - 1, [k_stats if need_stats else None,
-                                          k_update if need_update else None,
-                                          k_spec if need_spec else None]))  # fmt: skip
-    total = len(jobs)
+        if not (need_stats or need_update or need_spec):
+            continue
+        plan = plans.setdefault((node, name), {})
+        if need_update and int(p) not in plan:  # read as the predecessor only
+            p_key = None
+            if (node, name, int(p)) not in in_rows:  # outside ``serials``: keep its stats too
+                whole = p_whole == 1 and (p_quant is None or pd.isna(p_quant))
+                p_key = _key("stats", node, name, int(p),
+                             files.key(int(p), node, name, p_file, whole))  # fmt: skip
+                if cache.get(p_key) is not None:
+                    p_key = None
+            plan[int(p)] = (Want(int(p), shape, str(p_dtype)), None, [p_key, None, None])
+        want = Want(serial, shape, dtype, need_stats, need_update, need_spec)
+        plan[serial] = (want, len(rows) - 1, [k_stats if need_stats else None,
+                                              k_update if need_update else None,
+                                              k_spec if need_spec else None])  # fmt: skip
+    jobs, slots = [], []
+    for (node, name), plan in plans.items():
+        entries = [plan[s] for s in sorted(plan)]
+        jobs.append((scan, node, name, [w for w, _, _ in entries], chunk_bytes,
+                     spectral_max_numel, MEMORY_BYTES))  # fmt: skip
+        slots.append(entries)
+    total = sum(i is not None for entries in slots for _, i, _ in entries)
+    done = 0
     if progress:
         progress(0, total)
-    for done, ((i, (k_stats, k_update, k_spec)), got) in enumerate(
-        zip(where, bounded_map(measure, jobs, scan.pool())), start=1
-    ):
-        row = rows[i]
-        notes = [n for n in (row["note"], got.get("note")) if n]
-        row.update({k: got[k] for k in (*HEALTH_STATS, "update_rel", *SPECTRAL) if k in got})
-        row["note"] = "; ".join(notes) or None
-        if got["error"] is not None:
-            row["error"] = got["error"]
-        else:
-            if k_stats is not None:
-                cache.put(k_stats, {k: got[k] for k in HEALTH_STATS})
-            if k_update is not None:
-                cache.put(k_update, got["update_rel"])
-            if k_spec is not None and "sigma_max" in got:
-                cache.put(k_spec, {"sigma_max": got["sigma_max"], "alpha": got["alpha"],
-                                   **({"note": got["note"]} if got.get("note") else {})})  # fmt: skip
+    for entries, results in zip(slots, bounded_map(measure_variable, jobs, scan.pool())):
+        for (want, i, (k_stats, k_update, k_spec)), got in zip(entries, results):
+            if i is None:  # a predecessor only: its statistics came along
+                if k_stats is not None and got["error"] is None and "l2" in got:
+                    cache.put(k_stats, {k: got[k] for k in HEALTH_STATS})
+                continue
+            row = rows[i]
+            done += 1
+            notes = [n for n in (row["note"], got.get("note")) if n]
+            asked = [*(HEALTH_STATS if want.stats else []), *(["update_rel"] if want.update else []),
+                     *(SPECTRAL if want.spectral else [])]  # fmt: skip
+            row.update({k: got[k] for k in asked if k in got})
+            row["note"] = "; ".join(notes) or None
+            if got["error"] is not None:
+                row["error"] = got["error"]
+            else:
+                if k_stats is not None:
+                    cache.put(k_stats, {k: got[k] for k in HEALTH_STATS})
+                if k_update is not None:
+                    cache.put(k_update, got["update_rel"])
+                if k_spec is not None and "sigma_max" in got:
+                    cache.put(k_spec, {"sigma_max": got["sigma_max"], "alpha": got["alpha"],
+                                       **({"note": got["note"]} if got.get("note") else {})})  # fmt: skip
         if progress:
             progress(done, total)
     cols = HEALTH_COLUMNS[:-2] + (SPECTRAL if spectral else []) + ["note", "error"]
