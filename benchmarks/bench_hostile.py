@@ -4,6 +4,10 @@ peak RSS and what the catalog says. Run it against this checkout, and against an
 
     python benchmarks/bench_hostile.py [--code DIR] [--timeout 90] [--cases a,b]
 
+Issue 25 items 5-6 are reported too: the GGUF extremes and a DCP ``.metadata`` of 200 k
+chunks (time, peak RSS), and ``cat.stats`` of a 128 MiB FP8 block-scaled weight (peak traced
+allocations against its stored size; ``--cases fp8`` for that row alone).
+
 Every child runs with a 4 GiB address-space limit and is killed at ``--timeout`` seconds, so
 the "before" of a case that never finishes or that blows up memory is measured too. Nothing
 here is a test: tests/test_budgets.py asserts the outcomes.
@@ -27,12 +31,25 @@ ROOT = HERE.parent
 SHARED = Path(os.environ.get("CKPTVIEW_SHARED", ROOT.parent / "shared"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import extremes  # noqa: E402
 import structured  # noqa: E402
 
 GIB = 1 << 30
 CHILD = r"""
 import json, sys
 root, fname, read = sys.argv[1], sys.argv[2], sys.argv[3]
+if fname.endswith("+hook"):  # the formats/dcp_budget calls around the DCP codec's unpickling
+    fname = fname[: -len("+hook")]
+    import ckptview.codecs.torch_dcp as td
+    from ckptview.formats.dcp_budget import check_entries, check_metadata_bytes
+    if "dcp_budget" not in open(td.__file__).read():
+        _load = td.load_pickle
+        def _hooked(blob, **kw):
+            check_metadata_bytes(blob.name, blob.read, blob.size)
+            meta = _load(blob, **kw)
+            check_entries(blob.name, meta.fields())
+            return meta
+        td.load_pickle = _hooked
 import ckptview as cv
 try:
     cat = cv.open(root, cache=False)
@@ -118,6 +135,73 @@ def cases() -> dict:
     }
 
 
+def _dcp(n: int, hook: bool):
+    def make(work: Path) -> tuple[Path, str]:
+        meta, item = extremes.dcp_many_chunks(n)
+        d = work / "run" / "step_1"
+        d.mkdir(parents=True)
+        (d / ".metadata").write_bytes(meta)
+        (d / "__0_0.distcp").write_bytes(item)
+        return work / "run", ".metadata" + ("+hook" if hook else "")
+
+    return make
+
+
+def extreme_cases() -> dict:
+    """Issue 25 item 5: GGUF dims and entry counts, a DCP metadata of 200 k chunks."""
+    e = extremes
+    return {
+        "GGUF: 8 dims of 2^64-1": _alone("huge.gguf", e.gguf_huge_dims),
+        "GGUF: 1.5 M tensor infos (60 MB)": _alone("many.gguf", e.gguf_many_tensors),
+        "GGUF: 65,536 tensor infos (at the budget)": _alone(
+            "at.gguf", lambda: e.gguf_many_tensors(1 << 16)),
+        "DCP .metadata: 200 k chunks (codec as is)": _dcp(200_000, False),
+        "DCP .metadata: 200 k chunks (dcp_budget calls applied)": _dcp(200_000, True),
+    }
+
+
+STATS_CHILD = r"""
+import json, sys, tracemalloc, os
+import ckptview as cv
+cat = cv.open(sys.argv[1], cache=False)
+cat.variables
+tracemalloc.start()
+st = cat.stats()
+import resource
+print(json.dumps({"peak": tracemalloc.get_traced_memory()[1], "error": st["error"].iloc[0],
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10}))
+"""
+
+
+def fp8_stats(code: Path, timeout: float) -> dict:
+    """Issue 25 item 6: ``cat.stats`` of a 128 MiB FP8 block-scaled weight: peak traced
+    allocations and peak RSS of the child, against the stored size."""
+    import test_lowbit_memory as lm
+
+    with tempfile.TemporaryDirectory(prefix="ckptview-hostile-") as tmp:
+        path = Path(tmp) / "model.safetensors"
+        lm.write_fp8_block(path, 8192, 16384)
+        stored = path.stat().st_size
+        env = dict(os.environ, PYTHONPATH=str(code))
+        t0 = time.perf_counter()
+        p = subprocess.Popen([sys.executable, "-c", STATS_CHILD, str(path)], env=env,
+                             cwd=tempfile.gettempdir(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        seconds = time.perf_counter() - t0
+    lines = out.decode(errors="replace").strip().splitlines()
+    if not lines:
+        return {"seconds": round(seconds, 2), "outcome": err.decode(errors="replace")[-200:]}
+    child = json.loads(lines[-1])
+    peak = child["peak"]
+    return {"seconds": round(seconds, 2), "stored_mib": stored >> 20, "peak_mib": peak >> 20,
+            "ratio": round(peak / stored, 2), "rss_mib": child["rss"], "error": child["error"]}
+
+
 READS = {"npz member 1.5 MB -> 1.5 GiB, read": ("w.npz", "w")}
 
 
@@ -166,7 +250,7 @@ def main() -> int:
     rows = []
     print(f"ckptview from {args.code}\n")
     print("| case | seconds | peak RSS MiB | latest | outcome |\n|---|---:|---:|---:|---|")
-    todo = list(cases().items()) + [(k, None) for k in READS]
+    todo = list(cases().items()) + list(extreme_cases().items()) + [(k, None) for k in READS]
     for name, make in todo:
         if wanted and not any(w in name for w in wanted):
             continue
@@ -183,6 +267,13 @@ def main() -> int:
         rows.append({"case": name, **r})
         print(f"| {name} | {r['seconds']} | {r['rss_mib']} | {r.get('latest', '')} | "
               f"{r['outcome']} |", flush=True)  # fmt: skip
+    if not wanted or any(w in "fp8 stats" for w in wanted):
+        r = fp8_stats(args.code, args.timeout)
+        rows.append({"case": "fp8 stats", **r})
+        print("\nFP8 block-scaled weight, cat.stats(): stored "
+              f"{r.get('stored_mib')} MiB, peak traced {r.get('peak_mib')} MiB "
+              f"(x{r.get('ratio')} the stored size), peak RSS of the child "
+              f"{r.get('rss_mib')} MiB, {r['seconds']} s, error {r.get('error')}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

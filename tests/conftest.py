@@ -95,3 +95,15 @@ def pytest_collection_modifyitems(config, items):
 
     browser = [item for item in items if uses_browser(item)]
     items[:] = [item for item in items if not uses_browser(item)] + browser
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_stays_untouched():
+    """No test writes into ../shared (CI runs as root: its missing write bits stop nothing)."""
+    def written() -> list[Path]:
+        return [p for root in (CORPUS, WILD) if root.exists() for p in root.rglob(".ckptview")]
+
+    before = set(written())
+    yield
+    after = set(written()) - before
+    assert not after, f"tests wrote into ../shared: {sorted(map(str, after))[:5]}"

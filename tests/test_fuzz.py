@@ -65,7 +65,8 @@ TARGETS = [
     (None, "caffe2/extra/edge_cases.minidb"),
     ("modern/tf/run_ckpt", "modern/tf/run_ckpt/ckpt-300.index"),
     ("paddle/dist_ckpt", "paddle/dist_ckpt/0_0.distcp"),
-    ("modern/dcp", "modern/dcp/step_1/.metadata"),
+    ("modern/dcp", "modern/dcp/step_1/.metadata"),  # DCP metadata (torch_dcp codec)
+    (None, "llm/gguf/tiny-qwen-mixed.gguf"),  # GGUF header and block types
 ]
 #: files a layout parses itself (state, metadata): fuzzed through ckptview.open only
 TREE_TARGETS = [
@@ -332,3 +333,25 @@ def test_fuzz_keras(rel, tmp_path):
 
 def test_corpus_present():
     assert (CORPUS / "INDEX.json").exists()
+
+
+def test_fuzz_generated_extreme_headers(tmp_path, harness):
+    """The GGUF and DCP metadata parsers on the generated extremes of issue 25 item 5, scaled
+    down (tests/extremes.py): many tensor infos, and a DCP ``.metadata`` of many chunks."""
+    from extremes import dcp_many_chunks, gguf_many_tensors
+
+    target = tmp_path / "many.gguf"
+    target.write_bytes(gguf_many_tensors(64))
+    assert _fuzz_file(target, target, random.Random(f"{SEED}:gguf-many"), n_flips=N_FLIPS // 2,
+                      n_stride=N_STRIDE // 2) > 0  # fmt: skip
+    meta, item = dcp_many_chunks(40)
+    d = tmp_path / "run" / "step_1"
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(item)
+    (d / ".metadata").write_bytes(meta)
+    root, target = tmp_path / "run", d / ".metadata"
+    assert cv.open(root, cache=False).variables["error"].isna().all()
+    rng = random.Random(f"{SEED}:dcp-many")
+    for label, buf in mutations(meta, rng, n_flips=N_FLIPS // 4, head=16, n_stride=N_STRIDE // 2):
+        target.write_bytes(buf)
+        run_case(f"dcp-many:{label}", lambda label=label: _catalog_case(root, label))

@@ -7,8 +7,10 @@ files its plan wrote are removed - a renamed directory file by file, never whole
 the directories left empty; restore never overwrites, so nothing that existed before is
 touched, and never a file of a complete serial other than the one being restored) unless its
 last step (the commit: final marker, rename into place, pointer) took effect, in which case
-it is finished and kept; an interrupted retention finishes deleting the serial it had started
-on (already incomplete, its markers went first) and leaves a serial it had not touched yet.
+it is finished and kept; a killed export's staging dir (``<target>.ckptview-partial-*``, beside
+the path recovered or below it) is removed unless its process still runs; an interrupted
+retention finishes deleting the serial it had started on (already
+incomplete, its markers went first) and leaves a serial it had not touched yet.
 Leftovers in ``.ckptview/tmp/`` are removed. What recovery does is journaled like any change
 (CLI ``ckptview journal URL --recover --yes``). The tree as it is now is read with
 :mod:`ckptview.scan` (never the catalog: this package sits below it).
@@ -32,6 +34,9 @@ from .ops import OpRunner, describe, ops_frame
 from .result import ChangeResult
 from .status import needs_recovery, operations
 
+#: what an export names its staging dir: ``<target>.ckptview-partial-<id>``
+PARTIAL = ".ckptview-partial-"
+
 
 class _Fixer:
     """Works out the Ops that undo or finish the interrupted operations of one tree."""
@@ -44,6 +49,7 @@ class _Fixer:
         self.outcomes: list[tuple[str, str]] = []  # (op_id, outcome)
         self._scan: Scan | None = None
         self._scan_done = False
+        self.foreign: list[tuple[Any, str]] = []  # (fs, path): export staging dirs elsewhere
 
     def abs(self, rel: str) -> str:
         return join_path(self.root, rel)
@@ -194,6 +200,50 @@ class _Fixer:
                 self.replay.append(Op(step["kind"], step["path"], note=step.get("note", "")))
         self.outcomes.append((op["op_id"], f"finished deleting serial {serial}" + note))
 
+    # -- export
+    def exports(self) -> None:
+        """Staging dirs of exports that were killed (``<target>.ckptview-partial-*`` beside
+        this path, or below it, whose own journal begun by a process now gone has no end):
+        removed whole. An export writes nothing into the tree it reads, so its leftovers are
+        found where its target was to be."""
+        parent, name = self.root.rstrip("/").rsplit("/", 1) if "/" in self.root.rstrip("/") \
+            else ("", self.root)  # fmt: skip
+        places = [(self.root, None), (parent, name + PARTIAL)] if parent else [(self.root, None)]
+        for where, prefix in places:
+            try:
+                entries = self.fs.ls(where, detail=True)
+            except (OSError, ValueError):
+                continue
+            for e in entries:
+                path = str(e.get("name", "")).rstrip("/")
+                base = path.rsplit("/", 1)[-1]
+                if e.get("type") != "directory" or PARTIAL not in base:
+                    continue
+                if prefix is not None and not base.startswith(prefix):
+                    continue
+                begun = [r for r in read_journal(self.fs, journal_path(path))
+                         if r.get("action") == "export"]  # fmt: skip
+                start = next((r for r in begun if r.get("event") == "begin"), None)
+                ended = any(r.get("event") == "end" for r in begun)
+                if start is None or ended or not is_stale(
+                        {"pid": start.get("pid"), "host": start.get("host")}):  # fmt: skip
+                    continue  # not an export's, finished, or still running
+                self.foreign.append((self.fs, path))
+                self.outcomes.append((start.get("op_id", base), f"killed export rolled back: "
+                                      f"removed {Storage(self.fs).url(path)}"))  # fmt: skip
+
+    def remove_foreign(self, journal: Journal | None) -> None:
+        """Staging dirs of exports outside the tree: removed whole (each is a dir the export
+        made, named by it)."""
+        for fs, path in self.foreign:
+            if fs.exists(path):
+                if journal is not None:
+                    journal.write("intent", step=-1, op={"kind": "rmtree", "path": path,
+                                                         "note": "recover export"})  # fmt: skip
+                fs.rm(path, recursive=True)
+                if journal is not None:
+                    journal.write("done", step=-1)
+
     # -- leftovers
     def tmp(self) -> None:
         tmp = self.abs(f"{META_DIR}/tmp")
@@ -233,13 +283,34 @@ class _Fixer:
         return out
 
 
+def _recover_target(url: str | os.PathLike, dry_run: bool,
+                    storage_options: dict | None) -> RecoverResult:  # fmt: skip
+    """Recovery of a path that does not exist: the staging dirs of killed exports to it
+    (``<url>.ckptview-partial-*`` beside it) are removed; FileNotFoundError when none."""
+    storage, path = Storage.from_url(os.fspath(url), storage_options)
+    parent = path.rstrip("/").rsplit("/", 1)[0] or "/"
+    if not storage.fs.exists(parent):
+        raise FileNotFoundError(f"no such checkpoint tree: {url}")
+    fixer = _Fixer(storage.fs, path.rstrip("/"), storage.url(path))
+    fixer.exports()
+    if not fixer.foreign:
+        raise FileNotFoundError(f"no such checkpoint tree, nor an export to it to recover: {url}")
+    if not dry_run:
+        fixer.remove_foreign(None)
+    return RecoverResult(target=storage.url(path), outcomes=fixer.outcomes, dry_run=dry_run,
+                         done=not dry_run)  # fmt: skip
+
+
 def recover(url: str | os.PathLike, dry_run: bool = False,
             storage_options: dict | None = None) -> RecoverResult:  # fmt: skip
     """Roll back or finish the interrupted operations of the tree at ``url`` and remove the
     leftovers in ``.ckptview/tmp/`` (see the module docstring). Takes the tree's lock (a stale
     one, left by a dead process, is broken and journaled; a live one refuses). Returns a
     ``RecoverResult``; with ``dry_run`` nothing is changed."""
-    fs, root = open_root(url, storage_options)
+    try:
+        fs, root = open_root(url, storage_options)
+    except FileNotFoundError:  # an export's target that a kill left unmade: its leftovers
+        return _recover_target(url, dry_run, storage_options)
     url = Storage(fs).url(root)
 
     def work() -> tuple[_Fixer, list[dict]]:
@@ -255,6 +326,7 @@ def recover(url: str | os.PathLike, dry_run: bool = False,
             else:
                 fixer.outcomes.append((op["op_id"], "superseded by this recovery"))
         fixer.tmp()
+        fixer.exports()
         return fixer, pending
 
     if dry_run:
@@ -265,11 +337,12 @@ def recover(url: str | os.PathLike, dry_run: bool = False,
     with TreeLock(fs, root, "recover", journal) as lock:  # a broken stale lock: journaled
         fixer, _ = work()
         ops = fixer.ops()
-        if not ops and not fixer.outcomes and not lock.broken:
+        if not ops and not fixer.outcomes and not fixer.foreign and not lock.broken:
             return RecoverResult(target=url, dry_run=False, done=True)
         journal.write("begin", action="recover", recovers=[o for o, _ in fixer.outcomes],
                       steps=len(ops), plan=[describe(o) for o in ops])  # fmt: skip
         OpRunner(fs, root, journal=journal).run(ops)
+        fixer.remove_foreign(journal)
         for op_id, outcome in fixer.outcomes:
             journal.write("recovered", of=op_id, outcome=outcome)
         journal.write("end", action="recover")

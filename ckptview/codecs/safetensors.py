@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import np_dtype, packed_nbytes, unpack_bits
-from ..formats.safetensors import DTYPES, PACKED
+from ..formats.safetensors import DTYPES, PACKED, gap_problem, metadata_problem
 from ..formats.small import check_depth, loads_json
 from ..io import Blob
 from ..model import Piece, Span, VarColumns, VarInfo
@@ -52,6 +52,11 @@ class SafetensorsCodec(Codec):
                 meta = header.get("__metadata__")
                 extra = 1 if type(meta) is dict and "data_offsets" in meta else 0
                 check_duplicates(blob, raw, header, len(columns) + extra)
+                begins = np.asarray(columns.offsets, np.int64) - data_start
+                gap = gap_problem(begins, begins + np.asarray(columns.nbytes, np.int64),
+                                  blob.size - data_start)  # fmt: skip
+                if gap:
+                    raise PartialRead(columns, f"{blob.name}: {gap}")
                 return columns
             check_depth(header)  # the unusual entries and metadata are kept: check them all
             check_duplicates(blob, raw, header)
@@ -62,6 +67,7 @@ class SafetensorsCodec(Codec):
         meta = header.pop("__metadata__", None)
         if meta is not None and not isinstance(meta, dict):
             raise ValueError("__metadata__ is not a JSON object")
+        refused = metadata_problem(meta)  # a tensor named __metadata__, a value not a string
         path, size = blob.path, blob.size
         meta = dict(meta) if meta else None  # one copy, shared by the file's variables
         out: list[VarInfo] = []
@@ -124,6 +130,12 @@ class SafetensorsCodec(Codec):
                 f"truncated: {len(beyond)} tensor(s) end beyond the file "
                 f"(buffer holds {size - data_start} bytes), e.g. {beyond[0]!r}",
             )
+        if refused is None and all(v.span is not None for v in out):
+            spans = [(v.span.offset - data_start, v.span.length) for v in out if v.span]
+            refused = gap_problem([b for b, _ in spans], [b + n for b, n in spans],
+                                  size - data_start)  # fmt: skip
+        if refused:
+            raise PartialRead(out, f"{blob.name}: {refused}")
         return out
 
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import np_dtype
+from ..formats.dcp_budget import check_entries, check_metadata_bytes
 from ..formats.pickle import TORCH_WEIGHTS_ONLY, Record, TensorRef, TorchDtype, load_pickle
 from ..formats.relpath import inside
 from ..formats.torch_pickle import leaves, open_torch, open_torch_zip, read_tensor
@@ -54,10 +55,12 @@ class TorchDCPCodec(Codec):
     def list_variables(self, blob: Blob, hints: dict) -> list[VarInfo]:
         if blob.size > MAX_METADATA:
             raise ValueError(f"{blob.name}: {blob.size} bytes is too large for DCP metadata")
+        check_metadata_bytes(blob.name, blob.read, blob.size)  # entry budget, before unpickling
         meta = load_pickle(blob, lazy_min=None)
         if not (isinstance(meta, Record) and meta.cls == DCP + "Metadata"):
             raise ValueError(f"{blob.name}: not a DCP Metadata pickle")
         fields = meta.fields()
+        check_entries(blob.name, fields)
         entries = fields.get("state_dict_metadata")
         if not isinstance(entries, dict):
             raise ValueError(f"{blob.name}: Metadata without state_dict_metadata")
@@ -97,13 +100,16 @@ def check_items(blob: Blob, variables: list[VarInfo]) -> None:
     with ``weights_only=False``). The first problem of a variable becomes its ``error``."""
     root = posixpath.dirname(blob.path)
     sizes: dict[str, int | None] = {}
+    seen: dict[tuple, str | None] = {}  # an item several chunks name is checked once
     for var in variables:
         if var.error:
             continue
         for chunk in var.locator or ():
-            problem = _item_problem(blob.storage, root, chunk, var.dtype, sizes)
-            if problem:
-                var.error = problem
+            key = (chunk.file, chunk.offset, chunk.length, chunk.sizes, var.dtype)
+            if key not in seen:
+                seen[key] = _item_problem(blob.storage, root, chunk, var.dtype, sizes)
+            if seen[key]:
+                var.error = seen[key]
                 break
 
 

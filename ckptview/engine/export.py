@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from ..changes.journal import Journal
 from ..changes.result import ChangeResult
 from ..dtypes import is_numeric, np_dtype
 from ..fmt import human_bytes
-from ..formats.safetensors import CODES, header
+from ..formats.safetensors import CODES, METADATA, header, reference_problems
 from ..io import Storage
 from ..scan.core import Scan
 from ..scan.quant import QUANTIZED
@@ -107,6 +109,7 @@ def export(scan: Scan, serial: int | None, to: str | os.PathLike, names: list[st
                           done=False)  # fmt: skip
     if not entries:
         raise ValueError(f"serial {serial} has no tensor to export")
+    check_keys(entries, serial)
     if dry_run:
         return result
     _write(scan, serial, fs, root, shards, result, progress)
@@ -162,6 +165,24 @@ def plan_entries(scan: Scan, serial: int, names: list[str] | None, dequantize: b
     return entries, skipped
 
 
+def check_keys(entries: list[Entry], serial: int) -> None:
+    """ValueError, before anything is written, when the plan would give the safetensors loader
+    a file it refuses: two tensors under one name (the header would keep one of them and
+    leave the other's bytes unowned), or a tensor named ``__metadata__``."""
+    seen: dict[str, int] = {}
+    for e in entries:
+        seen[e.key] = seen.get(e.key, 0) + 1
+    dupes = sorted(k for k, n in seen.items() if n > 1)
+    if dupes:
+        shown = ", ".join(repr(k) for k in dupes[:5]) + (" ..." if len(dupes) > 5 else "")
+        raise ValueError(f"serial {serial}: {len(dupes)} name(s) would be written twice "
+                         f"({shown}); safetensors needs unique names: export with names= "
+                         "to pick one, or rename")  # fmt: skip
+    if METADATA in seen:
+        raise ValueError(f"serial {serial}: a variable is named {METADATA!r}, the key "
+                         "safetensors keeps for its metadata: export the others with names=")  # fmt: skip
+
+
 def _chunks(scan: Scan, name: str, serial: int, node: str) -> Callable[[], Iterator[np.ndarray]]:
     return lambda: scan.iter_chunks(name, serial, node, CHUNK_BYTES)
 
@@ -210,13 +231,15 @@ def _write(scan: Scan, serial: int, fs: Any, root: str, shards: dict[str, list[E
     fs.makedirs(staging, exist_ok=True)
     journal = Journal(fs, staging)
     journal.write("begin", action="export", serial=serial, source=scan.url,
-                  target=result.target, files=list(shards))  # fmt: skip
+                  target=result.target, files=list(shards), pid=os.getpid(),
+                  host=socket.gethostname())  # fmt: skip
     meta = {"format": "pt", "source": scan.url, "serial": str(serial)}
     try:
         for step, (name, group) in enumerate(shards.items()):
             journal.write("intent", step=step, op={"kind": "write", "path": name,
                                                    "nbytes": sum(e.nbytes for e in group)})  # fmt: skip
             _write_file(fs, f"{staging}/{name}", group, meta, progress)
+            check_written(fs, f"{staging}/{name}", group)
             journal.write("done", step=step)
         if len(shards) > 1:
             index = {"metadata": {"total_size": sum(e.nbytes for g in shards.values() for e in g)},
@@ -235,6 +258,40 @@ def _write(scan: Scan, serial: int, fs: Any, root: str, shards: dict[str, list[E
         raise
     Journal(fs, root).write("end", action="export", serial=serial)
     result.done = True
+
+
+def check_written(fs: Any, path: str, group: list[Entry]) -> None:
+    """Re-read a written file's header with ckptview's own safetensors parser: it must follow
+    every rule of the reference loader (:func:`reference_problems`) and hold exactly the
+    planned tensors, back to back in plan order. ValueError otherwise (the export fails and
+    its staging dir is removed)."""
+    size = int(fs.size(path))
+    with fs.open(path, "rb") as f:
+        raw8 = f.read(8)
+        (n,) = struct.unpack("<Q", raw8) if len(raw8) == 8 else (None,)
+        if n is None or 8 + n > size:
+            raise ValueError(f"{path}: written header runs past the end of the file")
+        raw = f.read(n)
+    problems = reference_problems(raw, size - 8 - n)
+    head = json.loads(raw)
+    head.pop(METADATA, None)
+    at = 0
+    want = {}
+    for e in group:
+        want[e.key] = {"dtype": CODES[e.dtype], "shape": [int(d) for d in e.shape],
+                       "data_offsets": [at, at + e.nbytes]}  # fmt: skip
+        at += e.nbytes
+    if set(head) != set(want):
+        lost = sorted(set(want) - set(head))[:3]
+        extra = sorted(set(head) - set(want))[:3]
+        problems.append(f"header holds {len(head)} tensors, {len(want)} planned "
+                        f"(missing {lost}, unplanned {extra})")  # fmt: skip
+    else:
+        bad = [k for k in want if head[k] != want[k]]
+        if bad:
+            problems.append(f"{bad[0]!r} written as {head[bad[0]]}, planned {want[bad[0]]}")
+    if problems:
+        raise ValueError(f"{path}: the written file would not load: {'; '.join(problems[:3])}")
 
 
 def _write_file(fs: Any, path: str, group: list[Entry], meta: dict,

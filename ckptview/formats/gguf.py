@@ -25,10 +25,18 @@ import numpy as np
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 QK_K = 256
-#: the most tensors, metadata entries, array items and string bytes a header may claim
+#: the most array items and string bytes a header may claim
 MAX_COUNT = 1 << 24
 MAX_STRING = 1 << 24
 MAX_DIMS = 8
+#: the most tensors and metadata entries a header may claim (docs/budgets.md): each costs a
+#: few microseconds and a few hundred bytes to list; real models hold a few thousand tensors
+#: and a few dozen metadata entries
+MAX_TENSORS = 1 << 16
+MAX_KV = 1 << 16
+#: every ggml type stores at least one bit per value: a tensor of more values than 8 x the
+#: file's bytes cannot be in it
+VALUES_PER_BYTE = 8
 
 
 class Truncated(Exception):
@@ -307,6 +315,30 @@ class _Reader:
         raise ValueError(f"unknown metadata value type {vtype}")
 
 
+def _budget(n_tensors: int, n_kv: int) -> None:
+    """The entry counts a header claims against the budget, before any entry is parsed."""
+    if n_tensors > MAX_TENSORS:
+        raise ValueError(f"{n_tensors:,} tensors: over the {MAX_TENSORS:,}-tensor budget")
+    if n_kv > MAX_KV:
+        raise ValueError(f"{n_kv:,} metadata entries: over the {MAX_KV:,}-entry budget")
+
+
+def _check_dims(name: str, dims: tuple[int, ...], size: int) -> None:
+    """Each dim, then the running product, against the values the file's bytes can hold
+    (never forming a product beyond it: 8 dims of 2**64 - 1 are refused at the first)."""
+    limit = VALUES_PER_BYTE * max(size, 1)
+    for d in dims:
+        if d > limit:
+            raise ValueError(f"{name!r}: dim {d} exceeds the {limit:,} values a file of "
+                             f"{size:,} bytes can hold")  # fmt: skip
+    numel = 1
+    for d in dims:
+        numel *= d
+        if numel > limit:
+            raise ValueError(f"{name!r}: dims {list(reversed(dims))} hold more values than a "
+                             f"file of {size:,} bytes can")  # fmt: skip
+
+
 LongArray = Callable[[str, int, int, int, int], None]
 
 
@@ -329,6 +361,7 @@ def parse_header(buf: bytes, size: int, long_array: LongArray | None = None,
     if version not in (2, 3):
         raise ValueError(f"GGUF version {version} is not supported (2, 3)")
     n_tensors, n_kv = r.count("tensor"), r.count("metadata")
+    _budget(n_tensors, n_kv)
     header = Header(version)
     for _ in range(n_kv):
         key = r.string()
@@ -349,8 +382,11 @@ def parse_header(buf: bytes, size: int, long_array: LongArray | None = None,
         if n_dims > MAX_DIMS:
             raise ValueError(f"{name}: {n_dims} dims exceed the {MAX_DIMS} limit")
         dims = struct.unpack(f"<{n_dims}Q", r.take(8 * n_dims))
-        header.tensors.append(TensorInfo(name, r.unpack("<I"), tuple(reversed(dims)),
-                                         r.unpack("<Q")))  # fmt: skip
+        _check_dims(name, dims, size)
+        ggml_type, offset = r.unpack("<I"), r.unpack("<Q")
+        if offset > size:
+            raise ValueError(f"{name!r}: data offset {offset} is past the end of the file")
+        header.tensors.append(TensorInfo(name, ggml_type, tuple(reversed(dims)), offset))
     align = header.alignment
     if not align:
         raise ValueError(

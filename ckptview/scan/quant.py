@@ -17,11 +17,12 @@ set of one serial and node; anything else stays as stored.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..dtypes import np_dtype
 from ..model import Piece, VarInfo, as_columns
 from .listing import FileResult
 from .logical import ReadPiece
@@ -171,24 +172,121 @@ def _row(head: VarInfo, name: str, grp: Group, shape: tuple[int, ...]) -> VarInf
 
 
 # -- reading ----------------------------------------------------------------------------------
+#: dequantized bytes per chunk when ``read_quantized`` fills its result
+READ_CHUNK = 16 << 20
+
+
 def read_quantized(var: VarInfo, read_piece: ReadPiece, dequantize: bool = True) -> np.ndarray:
-    """A group's values: dequantized (float32), or its stored weight / blocks."""
+    """A group's values: dequantized (float32), or its stored weight / blocks. Dequantized
+    values are filled into the result chunk by chunk (peak: the result plus one chunk)."""
     grp: Group = var.locator
-    data = read_piece(grp.data.res, grp.data.var)
     if not dequantize:
-        return data
-    scale = read_piece(grp.scale.res, grp.scale.var)
+        return read_piece(grp.data.res, grp.data.var)
+    if _slices(grp) is None:
+        return _dequantize(grp, read_piece(grp.data.res, grp.data.var),
+                           read_piece(grp.scale.res, grp.scale.var))  # fmt: skip
+    out = np.empty(tuple(int(d) for d in var.shape), dtype=np.float32)
+    flat = out.reshape(-1)
+    at = 0
+    for chunk in iter_quantized(var, read_piece, READ_CHUNK):
+        flat[at : at + chunk.size] = chunk
+        at += chunk.size
+    if at != flat.size:
+        raise ValueError(f"{var.name}: dequantized {at} values, the tensor has {flat.size}")
+    return out
+
+
+def iter_quantized(var: VarInfo, read_piece: ReadPiece, max_bytes: int) -> Iterator[np.ndarray]:
+    """Dequantized values in C order as flat chunks of about ``max_bytes`` (float32): the
+    stored weight (blocks) and its scales are read a slab of rows at a time, so memory stays
+    a few chunks whatever the tensor's size (a member without a plain byte span - not a
+    safetensors-like file - is read whole, then cut)."""
+    grp: Group = var.locator
+    plan = _slices(grp)
+    if plan is None:
+        flat = _dequantize(grp, read_piece(grp.data.res, grp.data.var),
+                           read_piece(grp.scale.res, grp.scale.var)).reshape(-1)  # fmt: skip
+        step = max(1, max_bytes // 4)
+        for at in range(0, flat.size, step):
+            yield flat[at : at + step]
+        return
+    unit, n_units, out_per_unit, scale_rows = plan
+    data, scale = grp.data.var, grp.scale.var
+    whole_scale = read_piece(grp.scale.res, scale) if scale_rows is None else None
+    per = max(1, max_bytes // max(1, out_per_unit * 4))  # units per chunk
+    if n_units == 0:
+        yield np.empty(0, dtype=np.float32)
+        return
+    for u in range(0, n_units, per):
+        u_end = min(n_units, u + per)
+        a, b = u * unit, min(int(data.shape[0]), u_end * unit)
+        w = read_piece(grp.data.res, _rows(data, a, b))
+        if scale_rows is None:
+            s = whole_scale
+        else:
+            sa, sb = scale_rows(a, b)
+            s = read_piece(grp.scale.res, _rows(scale, sa, sb))
+        yield _dequantize(grp, w, s).reshape(-1)
+
+
+def _dequantize(grp: Group, data: np.ndarray, scale: np.ndarray) -> np.ndarray:
     if grp.scheme == "mxfp4":
         return mxfp4(data, scale)
     return fp8(data, scale, grp.block)
 
 
-def iter_quantized(var: VarInfo, read_piece: ReadPiece, max_bytes: int) -> Iterator[np.ndarray]:
-    """Dequantized values in C order as flat chunks."""
-    flat = read_quantized(var, read_piece).reshape(-1)
-    step = max(1, max_bytes // 4)
-    for at in range(0, flat.size, step):
-        yield flat[at : at + step]
+def _sliceable(var: VarInfo) -> bool:
+    """A stored member whose leading-axis slabs are byte ranges of its span."""
+    span = var.span
+    if span is None or span.order != "C" or var.locator is not None or not var.shape:
+        return False
+    if span.disk_dtype and span.disk_dtype.startswith(("packed", "ggml", "gguf")):
+        return False
+    try:
+        size = np_dtype(span.disk_dtype or var.dtype).itemsize
+    except (TypeError, ValueError):
+        return False
+    return bool(size) and span.length >= math.prod(int(d) for d in var.shape) * size
+
+
+def _slices(grp: Group) -> tuple[int, int, int, Callable | None] | None:
+    """How to stream a group along its leading axis: (stored rows per unit, units, output
+    values per unit, the scale rows for data rows ``[a, b)`` or None for a scale read
+    whole); None when a member cannot be read by slabs."""
+    data, scale = grp.data.var, grp.scale.var
+    if not _sliceable(data):
+        return None
+    shape = tuple(int(d) for d in data.shape)
+    rows = shape[0]
+    per_row = math.prod(shape[1:])
+    if grp.scheme == "mxfp4":
+        if not _sliceable(scale) or tuple(int(d) for d in scale.shape) != shape[:-1]:
+            return None
+        return 1, rows, per_row * 2, lambda a, b: (a, b)
+    if grp.scheme == "fp8-tensor":
+        return 1, rows, per_row, None
+    if grp.scheme == "fp8-channel":
+        if not _sliceable(scale):
+            return None
+        return 1, rows, per_row, lambda a, b: (a, b)
+    if grp.block is not None and len(shape) == 2:
+        if not _sliceable(scale):
+            return None
+        b0 = grp.block[0]
+        return b0, -(-rows // b0), b0 * per_row, lambda a, b: (a // b0, -(-b // b0))
+    return None
+
+
+def _rows(var: VarInfo, start: int, stop: int) -> VarInfo:
+    """The stored variable's rows ``[start, stop)`` as a variable of their own (a byte range
+    of its span)."""
+    span = var.span
+    assert span is not None
+    shape = tuple(int(d) for d in var.shape)
+    size = np_dtype(span.disk_dtype or var.dtype).itemsize
+    row_bytes = math.prod(shape[1:]) * size
+    part = replace(span, offset=span.offset + start * row_bytes, length=(stop - start) * row_bytes)
+    return replace(var, shape=(stop - start, *shape[1:]), nbytes=part.length, span=part)
 
 
 def fp8(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None) -> np.ndarray:
@@ -196,9 +294,11 @@ def fp8(weight: np.ndarray, scale: np.ndarray, block: tuple[int, int] | None) ->
     w = weight.astype(np.float32)
     s = scale.astype(np.float32)
     if block is None:
-        return w * (s.reshape(-1, 1) if s.size > 1 else s.reshape(()))
+        w *= s.reshape(-1, *([1] * (w.ndim - 1))) if s.size > 1 else s.reshape(())
+        return w
     rows = np.repeat(s, block[0], axis=0)[: w.shape[0]]
-    return w * np.repeat(rows, block[1], axis=1)[:, : w.shape[1]]
+    w *= np.repeat(rows, block[1], axis=1)[:, : w.shape[1]]
+    return w
 
 
 def mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
