@@ -6,3 +6,8 @@ from .experiment import Experiment
 
 __all__ = ["Catalog", "Experiment", "UnknownTreeError", "open", "open_experiment"]
 __version__ = "0.1.0"
+
+
+def __dir__() -> list[str]:
+    """The public names only (the submodules still import as ``ckptview.<name>``)."""
+    return [*__all__, "__version__"]

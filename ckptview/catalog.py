@@ -51,7 +51,7 @@ _INTERNALS = frozenset({"tree", "storage", "scan", "cache"})
 
 
 class Catalog:
-    """A checkpoint tree's serials, variables and metrics (see DESIGN.md §3)."""
+    """A checkpoint tree's serials, variables and metrics."""
 
     def __init__(self, tree: Tree, layout: Layout, executor: Executor | None = None, cache=None,
                  progress: Callable[[int, int], None] | None = None):  # fmt: skip
@@ -135,7 +135,7 @@ class Catalog:
     def attrs(self) -> dict:
         """Tree-level facts a layout found (``best_model_checkpoint``, …), the framework's
         own resume pointer when it differs from ``latest`` (``framework_latest``) and
-        ``warnings`` about files outside every serial (DESIGN.md §3c)."""
+        ``warnings`` about files outside every serial."""
         self._scan.serials  # noqa: B018 - the verdicts set framework_latest
         out = dict(self._scan.tree_scan.attrs)
         warnings = self._scan.warnings
@@ -204,7 +204,7 @@ class Catalog:
 
     def verify(self, serial: int | Iterable[int] | None = None, deep: bool = False) -> pd.DataFrame:
         """Findings (serial, file, check, severity, message) for one serial, several or all;
-        header reads only unless ``deep`` (values read, zip CRC-32s checked). DESIGN.md §3c."""
+        header reads only unless ``deep`` (values read, zip CRC-32s checked)."""
         serials = [serial] if isinstance(serial, (int, np.integer)) else serial
         return _verify.verify(self._scan, serials, deep)
 
@@ -220,17 +220,43 @@ class Catalog:
     def export(self, serial: int | None = None, to: str | os.PathLike | None = None,
                names: list[str] | None = None, max_shard_bytes: int = 5 << 30,
                dequantize: bool = False, dry_run: bool = False, *, force: bool = False,
-               storage_options: dict | None = None,
+               kinds: Iterable[str] | None = None, storage_options: dict | None = None,
                progress: Callable[[int], None] | None = None) -> _export.ExportResult:  # fmt: skip
         """Write a serial's logical tensors as safetensors in the new directory ``to``
         (shards and ``model.safetensors.index.json`` above ``max_shard_bytes``), one tensor
-        at a time, journaled, committed by a rename last (DESIGN.md §3b). ``force``: export
-        what reads of a serial that does not load. ``progress(n)``: bytes written.
-        Returns an :class:`~ckptview.engine.export.ExportResult`."""
+        at a time, journaled, committed by a rename last. ``names``: only these variables.
+        ``kinds``: only variables of these kinds (the ``kind`` column: ``["model"]`` for
+        the weights alone, without optimizer, trainer, RNG or scheduler state); None:
+        every kind. ``force``: export what reads of a serial that does not load.
+        ``progress(n)``: bytes written. Returns an
+        :class:`~ckptview.engine.export.ExportResult`."""
         if to is None:
             raise ValueError("export needs a target: to=URL")
+        if kinds is not None:
+            names = self._names_of_kinds(serial, names, kinds)
         return _export.export(self._scan, serial, to, names, max_shard_bytes, dequantize,
                               dry_run, force, storage_options, progress)  # fmt: skip
+
+    def _names_of_kinds(self, serial: int | None, names: list[str] | None,
+                        kinds: Iterable[str]) -> list[str]:  # fmt: skip
+        """The variable names of ``serial`` (default: the latest) whose kind is one of
+        ``kinds``, within ``names`` when given; ValueError when none is."""
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+        if serial is None:
+            serial = self.latest
+        v = self.variables
+        rows = v[v["serial"] == serial] if serial is not None else v.iloc[:0]
+        if names is not None:
+            missing = set(names) - set(rows["name"])
+            if missing:
+                raise KeyError(f"no variable {sorted(missing)[0]!r} in serial {serial}")
+            rows = rows[rows["name"].isin(set(names))]
+        picked = rows[rows["kind"].isin(kinds)]
+        if not len(picked) and len(rows):
+            have = ", ".join(sorted(set(rows["kind"])))
+            raise ValueError(f"serial {serial} has no variable of kind {', '.join(kinds)} "
+                             f"(its kinds: {have}); pick others with kinds=")  # fmt: skip
+        return list(dict.fromkeys(picked["name"]))
 
     def usage(self) -> pd.DataFrame:
         """Bytes per serial and kind (model, optimizer, trainer, rng, …, ``other``): why a
@@ -283,7 +309,7 @@ class Catalog:
         """The policy stored with the tree, or None."""
         return _retention.retention_policy(self._scan)
 
-    # -- health over serials (DESIGN.md §3e; ckptview.engine.health) ----------------------
+    # -- health over serials (ckptview.engine.health) ----------------------
     def health(self, serials: int | Iterable[int] | None = None,
                names: str | Iterable[str] | None = None, spectral: bool = False, *,
                kinds: str | Iterable[str] | None = None,

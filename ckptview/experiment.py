@@ -1,4 +1,4 @@
-"""Experiments: many runs side by side (DESIGN.md §3d).
+"""Experiments: many runs side by side.
 
 An experiment is a set of runs, each its own checkpoint tree with its own :class:`Catalog`:
 the descendants of a directory (to depth 3), the matches of a glob URL, or a list / dict of
@@ -49,6 +49,8 @@ __all__ = ["Experiment", "RUN_COLUMNS", "experiment_at", "find_runs", "open_expe
 
 #: how deep below an experiment's root run roots are looked for
 MAX_DEPTH = 3
+#: how many runs are opened at once (the private pool's threads)
+RUN_WORKERS = 8
 #: the runs table's columns (index ``run``)
 RUN_COLUMNS = ["url", "layout", "n_serials", "latest", "latest_step", "best", "best_metric",
                "metric_name", "nbytes", "first_write", "last_write", "error"]  # fmt: skip
@@ -118,16 +120,30 @@ def _checkpoint_files(tree: Tree) -> list[str]:
     return [f for f in tree.files(depth=1) if f.lower().endswith(suffixes)]
 
 
+class _Scanned:
+    """A layout whose scan of one tree is made already (detection's): ``_explained`` counts
+    its claims without scanning the tree again."""
+
+    def __init__(self, layout: Layout, found: Any):
+        self.name, self.found = layout.name, found
+
+    def scan(self, tree: Tree) -> Any:
+        return self.found
+
+
 def _run_layout(tree: Tree) -> Layout | None:
     """The layout that makes ``tree`` one run, or None (``files`` is returned as is: the
-    caller decides whether loose files make a run)."""
+    caller decides whether loose files make a run). Detection's own scan is counted (and
+    left in ``tree.scans`` for the run's Catalog), never a second one."""
     try:
         layout = detect(tree)
     except UnknownTreeError:
         return None
     if layout.priority >= LayoutTier.FALLBACK:
         return layout
-    return layout if _explained(layout, tree) * 2 >= _n_files(tree) else None
+    found = tree.scans.get(layout.name)
+    counted: Any = layout if found is None else _Scanned(layout, found)
+    return layout if _explained(counted, tree) * 2 >= _n_files(tree) else None
 
 
 def find_runs(tree: Tree, depth: int = MAX_DEPTH) -> tuple[list[FoundRun], list[str]]:
@@ -180,7 +196,7 @@ def best_of(cat: Catalog) -> tuple[int | None, float, str | None]:
     """The run's best serial, its metric value and the metric's name: the tree's own record
     (HF ``best_model_checkpoint``/``best_metric``, Lightning's best model) where it has one,
     else the loadable serial where a loss-like metric (held-out first) is lowest."""
-    serials, attrs = cat.serials, cat.attrs
+    serials, attrs = cat.serials, cat.scan.attrs  # the layout's facts (``attrs`` adds warnings)
     best = attrs.get("best_serial")
     if best is not None and int(best) in serials.index:
         value = attrs.get("best_metric", attrs.get("best_model_score"))
@@ -287,7 +303,7 @@ class ExperimentRetention:
 
 class Experiment:
     """Many runs side by side: ``runs``, ``serials``, ``metrics``, ``compare``, ``diff``,
-    ``usage`` and an experiment-wide retention plan (DESIGN.md §3d). ``exp[run]`` is that
+    ``usage`` and an experiment-wide retention plan. ``exp[run]`` is that
     run's :class:`Catalog`."""
 
     def __init__(self, runs: Iterable[Run], root: str | None = None,
@@ -608,7 +624,7 @@ def open_experiment(url_or_urls: str | os.PathLike | Iterable | Mapping, *,
                     storage_options: dict | None = None, executor: Executor | None = None,
                     progress: Callable[[int, int], None] | None = None,
                     cache: Any = None, depth: int = MAX_DEPTH) -> Experiment:  # fmt: skip
-    """Open many runs (DESIGN.md §3d): a directory whose descendants (to ``depth``) are
+    """Open many runs: a directory whose descendants (to ``depth``) are
     checkpoint trees, a glob URL (``s3://b/sweep/*/checkpoints``: each match one run), or a
     list / dict (name -> URL). Runs are opened concurrently on a private thread pool;
     ``executor`` reads their headers (as in :func:`ckptview.open`). ``progress(done,
@@ -690,7 +706,7 @@ def _open_all(jobs: list[tuple[str, str, Callable[[], Run]]],
     if not jobs:
         return []
     runs = []
-    with ThreadPoolExecutor(max_workers=min(8, len(jobs)), thread_name_prefix="ckptview-runs") as pool:
+    with ThreadPoolExecutor(max_workers=min(RUN_WORKERS, len(jobs)), thread_name_prefix="ckptview-runs") as pool:
         futures = [pool.submit(_open_one, *job) for job in jobs]
         for i, fut in enumerate(futures):
             runs.append(fut.result())

@@ -6,6 +6,16 @@ import re
 from functools import lru_cache
 
 _RULES: list[tuple[str, re.Pattern]] = [
+    # training arguments and loop state (Megatron's ``args``, DeepSpeed's ``ds_config``,
+    # Lightning's ``loops`` and ``callbacks``): settings, whatever their names say
+    (
+        "trainer",
+        re.compile(
+            r"(^|/)(args|hparams|hyper_parameters|training_args|ds_config)(/|$)"
+            r"|^(loops|callbacks)(/|$)",
+            re.I,
+        ),
+    ),
     (
         "rng",
         re.compile(r"(^|/)(rng|rng_state|random|torch_rng|cuda_rng|python_rng|numpy_rng)", re.I),
@@ -18,7 +28,7 @@ _RULES: list[tuple[str, re.Pattern]] = [
     (
         "optimizer",
         re.compile(
-            r"(^|/)(optimizer|optimizers|opt|opt_state|optimizer_states)(/|$)"
+            r"(^|/)(optimizer|optimizers|optim|opt|opt_state|optimizer_states)(/|$)"
             r"|_moment\d|_beta\d_pow_acc|_velocity_|exp_avg|momentum_buffer|_accumulator"
             r"|\.OPTIMIZER_SLOT|(^|/)(adam|sgd)_|@GRAD",
             re.I,
@@ -27,7 +37,8 @@ _RULES: list[tuple[str, re.Pattern]] = [
     (
         "trainer",
         re.compile(
-            r"(^|/)(epoch_id|step_id|epoch|global_step|step|trainer_state|iteration"
+            r"(^|/)(epoch_id|step_id|epoch|global_step|global_steps|skipped_steps|step"
+            r"|trainer_state|iteration"
             r"|checkpoint_version|num_floating_point_operations_so_far)$|^args/",
             re.I,
         ),

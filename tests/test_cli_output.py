@@ -145,6 +145,11 @@ def test_every_json_output_is_one_document_with_api_types(tmp_path, capsys, monk
     assert isinstance(stats[0]["l2"], float) and isinstance(stats[0]["n_nan"], int)
     trajectory = check("stats", "--follow", "fc_0.w_0")
     assert [r["serial"] for r in trajectory] == list(cat.trajectory("fc_0.w_0").index)
+    code, out, _ = run(capsys, monkeypatch, 80, "health", root, "--json")
+    seen.add("health")
+    health = json.loads(out)  # exactly one document, exit 1: the crashed serial 3 is a finding
+    assert code == 1 and health["rollback_point"] == cat.latest and not health["healthy"]
+    assert health["first"]["not_loadable"] == 3 and isinstance(health["top"], list)
     diff = check("diff", 1, 2)
     assert [r["name"] for r in diff] == list(cat.diff(1, 2)["name"])
     assert check("verify") == []

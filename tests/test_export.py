@@ -125,7 +125,7 @@ def test_killed_midway_the_target_never_appears(tmp_path):
 def test_cli_export_json(tmp_path, capsys):
     target = tmp_path / "out"
     rc = main(["export", str(corpus_path("llm/megatron_legacy")), "15", "--to", str(target),
-               "--json", "--quiet"])  # fmt: skip
+               "--json", "--quiet", "--kinds", "all"])  # fmt: skip
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["done"] and doc["serial"] == 15 and doc["files"][0]["file"] == "model.safetensors"

@@ -297,3 +297,26 @@ def test_changed_file_is_measured_again(tmp_path):
     h = cv.open(root, cache=cache).health()
     row = h.query("serial == 200 and name == 'fc1.weight'").iloc[0]
     assert row["l2"] == pytest.approx(np.linalg.norm(f64(changed["fc1.weight"])), rel=1e-12)
+
+
+def test_large_first_updates_that_decay_are_not_a_spike(tmp_path):
+    """Training's first updates are the largest: a decaying start is healthy, and a later jump
+    above every earlier update is still a spike."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    steps = [4.0, 0.3, 0.25, 0.2, 0.2, 0.2]  # relative size of each update
+    write_serial(tmp_path, 0, {"w": w})
+    for s, size in enumerate(steps, start=1):
+        d = rng.standard_normal(w.shape).astype(np.float32)
+        w = w + d * np.float32(size * np.linalg.norm(w) / np.linalg.norm(d))
+        write_serial(tmp_path, s, {"w": w})
+    cat = cv.open(tmp_path, cache=False)
+    summary = cat.health_summary()
+    assert (summary["status"] == "ok").all(), summary[["status", "findings"]]
+    assert cat.rollback_point == cat.latest
+    d = rng.standard_normal(w.shape).astype(np.float32)
+    write_serial(tmp_path, len(steps) + 1, {"w": w + d * np.float32(8 * np.linalg.norm(w) /
+                                                                    np.linalg.norm(d))})
+    cat = cv.open(tmp_path, cache=False)
+    assert cat.health_summary().loc[len(steps) + 1, "status"] == "spike"
+    assert cat.rollback_point == len(steps)

@@ -91,7 +91,7 @@ def test_cli_retain_slim(tmp_path, capsys):
     out = capsys.readouterr().out
     assert '"slim"' in out
     assert (root / "global_step_5" / "actor" / "optim_world_size_2_rank_0.pt").exists()
-    assert main(["retain", str(root), "--slim-older-than", "0s", "--yes"]) == 0
+    assert main(["retain", str(root), "--slim-older-than", "0s", "--apply", "--yes"]) == 0
     assert not (root / "global_step_5" / "actor" / "optim_world_size_2_rank_0.pt").exists()
     assert (root / "global_step_5" / "actor" / "model_world_size_2_rank_0.pt").exists()
 

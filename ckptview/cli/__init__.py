@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ckptview", description="Browse, compare, restore and retain training checkpoints."
     )
+    parser.add_argument("--version", action="version", version=f"ckptview {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
@@ -34,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         command.set_defaults(command_parser=command)
     return parser
+
+
+def _version() -> str:
+    """The installed version (the package's own when run from a source tree)."""
+    from ckptview import __version__
+
+    return __version__
 
 
 def as_flags(message: str, parser: argparse.ArgumentParser | None) -> str:

@@ -19,7 +19,8 @@ from . import CLIError, _table
 
 
 def add_open_args(p) -> None:
-    p.add_argument("url", help="checkpoint tree: a directory, file or any fsspec URL")
+    p.add_argument("url", metavar="URL",
+                   help="checkpoint tree: a directory, file or any fsspec URL")  # fmt: skip
     p.add_argument("--layout", help="force a layout by name (default: detect)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON document (the full data) instead of a table")  # fmt: skip
@@ -33,9 +34,41 @@ def add_progress_args(p) -> None:
 
 
 def open_tree(args, url: str | None = None, layout: str | None = None):
-    """Open ``url`` (default ``args.url``) with a scan progress bar per ``args``."""
+    """Open ``url`` (default ``args.url``) with a scan progress bar per ``args``; input that
+    holds no checkpoint raises (see :func:`require_checkpoint`)."""
     layout = layout if url is not None else getattr(args, "layout", None)
-    return cv.open(url or args.url, layout=layout, progress=ScanBar(args))
+    cat = cv.open(url or args.url, layout=layout, progress=ScanBar(args))
+    require_checkpoint(cat)
+    return cat
+
+
+def require_checkpoint(cat) -> None:
+    """Raise when the ``files`` fallback found nothing to read: no file of the input parsed
+    (a text file, a file whose codec needs a missing extra). The same one-line error, exit
+    1, as input no layout recognizes; a missing extra is named in full."""
+    if cat.layout != "files":
+        return
+    results = cat._scan.file_results()
+    if any(r.variables or not r.error for r in results):
+        return
+    errors = [str(r.error).removeprefix("ImportError: ") for r in results]
+    hint = next((e for e in errors if "pip install" in e), None)
+    if hint is not None:
+        raise ImportError(f"{cat.url}: {hint}")
+    names = ", ".join(sorted({r.ref.path.rsplit("/", 1)[-1] for r in results})[:3])
+    detail = f"no codec recognizes {names}" if names else "no data file"
+    raise cv.UnknownTreeError(f"no checkpoint in {cat.url}: {detail}")
+
+
+def missing_extras(messages) -> list[str]:
+    """The distinct install hints (``… needs h5py: pip install 'ckptview[keras]'``) inside
+    error messages, whole: a table cuts its messages to fit."""
+    out: dict[str, None] = {}
+    for message in messages:
+        for part in str(message or "").split("; "):
+            if "pip install" in part:
+                out[part.split("ImportError: ", 1)[-1]] = None
+    return list(out)
 
 
 class ScanBar:

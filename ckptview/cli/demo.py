@@ -12,7 +12,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "demo", help="write a demo checkpoint tree (Paddle 2018 fluid layout) into DIR"
     )
-    p.add_argument("dir", help="directory to create (must be absent or empty)")
+    p.add_argument("dir", metavar="DIR", help="directory to create (must be absent or empty)")
     p.add_argument("--serials", type=int, default=8, help="serials, the crashed last one included")
     p.add_argument("--scale", type=int, default=1, help="make the big tensors SCALE times bigger")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fixed)")

@@ -3,7 +3,10 @@ first (the order of ``cat.diff`` and of the dashboard)."""
 
 from __future__ import annotations
 
+import math
 import sys
+
+import pandas as pd
 
 from ckptview.engine.diff import describe_pairing, rename_prefixes
 from ckptview.fmt import fmt_shape
@@ -15,8 +18,9 @@ from ._common import add_open_args, emit_json, open_tree, progress
 def register(sub) -> None:
     p = sub.add_parser("diff", help="compare two serials variable by variable")
     add_open_args(p)
-    p.add_argument("a", type=int, help="serial A")
-    p.add_argument("b", type=int, help="serial B (of --other when given)")
+    p.add_argument("a", type=int, metavar="SERIAL_A", help="serial A")
+    p.add_argument("b", type=int, metavar="SERIAL_B",
+                   help="serial B (of --other when given)")  # fmt: skip
     p.add_argument("--other", metavar="URL", help="a second tree (cross-run diff)")
     p.add_argument("--other-layout", help="force the second tree's layout")
     p.add_argument("--name", action="append", help="only this variable (repeatable)")
@@ -50,6 +54,28 @@ def _shape(a, b) -> str:
     return fmt_shape(a) if tuple(a) == tuple(b) else f"{fmt_shape(a)} → {fmt_shape(b)}"
 
 
+#: the numeric columns JSON cannot hold when infinite (they become null there)
+FLOAT_COLUMNS = ("max_abs", "l2", "rel_l2", "cosine", "norm_a", "norm_b")
+
+
+def json_notes(df: pd.DataFrame) -> list[str | None]:
+    """Per row, why a number is null in JSON: an infinite value (JSON has no infinity; the
+    table shows ``inf``) or a cosine that is undefined because one side is all zeros."""
+    notes: list[str | None] = []
+    for row in df.to_dict("records"):
+        parts = []
+        for col in FLOAT_COLUMNS:
+            v = row.get(col)
+            if isinstance(v, float) and math.isinf(v):
+                why = ": serial A is all zeros and B is not" if col == "rel_l2" else ""
+                parts.append(f"{col} is {'-' if v < 0 else ''}infinite (null in JSON){why}")
+        zero = [s for s in ("a", "b") if row.get(f"norm_{s}") == 0]
+        if zero and not row.get("error") and pd.isna(row.get("cosine")):
+            parts.append(f"cosine is undefined: serial {zero[0].upper()} is all zeros")
+        notes.append("; ".join(parts) or None)
+    return notes
+
+
 def run(args) -> int:
     cat = open_tree(args)
     other = open_tree(args, args.other, args.other_layout) if args.other else None
@@ -66,7 +92,7 @@ def run(args) -> int:
     if args.changed:
         df = df[df["status"] != "identical"]
     if args.json:
-        emit_json(df)
+        emit_json(df.assign(note=json_notes(df)))
         return 0
     shown = df.assign(shape=[_shape(a, b) for a, b in zip(df["shape_a"], df["shape_b"])])
     b = f"{other.url} serial {args.b}" if other is not None else f"serial {args.b}"

@@ -16,7 +16,7 @@ from ._common import add_progress_args, emit_json, guarded, show_change
 
 def register(sub) -> None:
     p = sub.add_parser("journal", help="show the change journal; recover from a crash")
-    p.add_argument("url", help="checkpoint tree (the root the change was made in)")
+    p.add_argument("url", metavar="URL", help="checkpoint tree (the root the change was made in)")
     p.add_argument("--last", type=int, default=20, metavar="N", help="operations shown (20)")
     p.add_argument("--recover", action="store_true",
                    help="roll back / finish interrupted changes and remove leftovers")  # fmt: skip

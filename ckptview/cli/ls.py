@@ -1,18 +1,22 @@
 """``ckptview ls URL``: the serials table; on stderr, what the verdicts found at tree level
 (the framework's own resume pointer when it names another serial, files outside every
-serial). ``--json`` adds a ``framework_latest`` column.
+serial, install hints whole, directories it may not read: then exit 1). ``--json`` adds a
+``framework_latest`` column.
 
-A directory whose runs are below it (an experiment, DESIGN.md §3d) prints the runs table
+A directory whose runs are below it (an experiment) prints the runs table
 instead: one row per run, never one merged run."""
 
 from __future__ import annotations
 
 import sys
 
+import pandas as pd
+
 from ckptview.fmt import serial_status
+from ckptview.scan.access import denied_message, touches, unreadable_dirs
 
 from . import _table as t
-from ._common import add_open_args, emit_json, open_tree, progress
+from ._common import add_open_args, emit_json, missing_extras, open_tree, progress
 
 
 def register(sub) -> None:
@@ -90,12 +94,27 @@ def show_runs(args, exp) -> int:
     return 0
 
 
+def with_denied(serials: pd.DataFrame, denied: list[str], root: str) -> pd.DataFrame:
+    """The serials table with the error of each serial inside (or holding) a directory this
+    process may not read saying so, instead of what the missing files imply."""
+    if not denied:
+        return serials
+    out = serials.copy()
+    for serial, path in out["path"].items():
+        hit = [d for d in denied if touches(d, path)]
+        if hit:
+            out.loc[serial, "error"] = f"permission denied: {t.relative_to(root)(hit[0])}"
+            out.loc[serial, ["complete", "loadable"]] = False
+    return out
+
+
 def run(args) -> int:
     exp = experiment(args)
     if exp is not None:
         return show_runs(args, exp)
     cat = open_tree(args)
-    serials, attrs = cat.serials, cat.attrs
+    denied = unreadable_dirs(cat.tree)
+    serials, attrs = with_denied(cat.serials, denied, cat.url), cat.attrs
     pointer = attrs.get("framework_latest", "absent")
     if args.json:
         emit_json(serials.assign(framework_latest=serials.index == pointer))
@@ -113,4 +132,8 @@ def run(args) -> int:
               f"(the newest serial that loads) is {cat.latest}", file=sys.stderr)  # fmt: skip
     for w in attrs.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
-    return 0
+    for hint in missing_extras(serials["error"]):
+        print(f"error: {hint}", file=sys.stderr)
+    for d in denied:
+        print(f"error: {denied_message(d)}", file=sys.stderr)
+    return 1 if denied else 0

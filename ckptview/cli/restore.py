@@ -10,7 +10,8 @@ from ._common import add_open_args, guarded, open_tree, progress, show_change
 def register(sub) -> None:
     p = sub.add_parser("restore", help="copy a serial elsewhere or make the framework resume it")
     add_open_args(p)
-    p.add_argument("serial", type=int)
+    p.add_argument("serial", type=int, metavar="SERIAL",
+                   help="the serial to restore (ckptview ls lists them)")  # fmt: skip
     p.add_argument("--to", metavar="URL", help="copy into this tree (default: promote in place)")
     p.add_argument("--force", action="store_true",
                    help="allow restoring a serial that is incomplete or does not load")  # fmt: skip

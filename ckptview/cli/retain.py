@@ -18,7 +18,8 @@ from ._common import add_open_args, emit_json, guarded, open_tree, progress
 
 
 def register(sub) -> None:
-    p = sub.add_parser("retain", help="plan (and with --apply --yes, apply) retention")
+    p = sub.add_parser("retain", help="plan retention (and with both --apply and --yes, apply "
+                       "it)")  # fmt: skip
     add_open_args(p)
     p.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest complete")
     p.add_argument("--keep-every", type=int, metavar="K", help="keep serials divisible by K")
@@ -28,7 +29,9 @@ def register(sub) -> None:
     p.add_argument("--keep-best", metavar="METRIC:N[:min|max]", help="keep the N best")
     p.add_argument("--pin", type=int, action="append", default=[], metavar="SERIAL",
                    help="always keep this serial (repeatable)")  # fmt: skip
-    p.add_argument("--older-than", metavar="DURATION", help="keep serials newer than (7d, 12h)")
+    p.add_argument("--older-than", metavar="DURATION",
+                   help="keep every serial written within DURATION (7d, 12h); older ones may "
+                   "be deleted unless another flag keeps them")  # fmt: skip
     p.add_argument("--slim-older-than", metavar="DURATION",
                    help="delete the optimizer state of kept serials older than this (7d), "
                    "keeping their weights; never the newest loadable serial")  # fmt: skip
@@ -36,8 +39,10 @@ def register(sub) -> None:
                    help="an experiment directory: delete oldest first across runs until the "
                    "runs fit SIZE (2TB, 500GB)")  # fmt: skip
     p.add_argument("--save", action="store_true", help="store these flags as the tree's policy")
-    p.add_argument("--apply", action="store_true", help="delete (and slim) what the plan says")
-    p.add_argument("--yes", action="store_true", help="confirm: delete and slim")
+    p.add_argument("--apply", action="store_true",
+                   help="delete (and slim) what the plan says; needs --yes too")  # fmt: skip
+    p.add_argument("--yes", action="store_true",
+                   help="confirm --apply (either flag alone only prints the plan)")  # fmt: skip
     p.add_argument("--break-lock", action="store_true", help="remove a lock left by a crash")
     p.set_defaults(func=guarded(run))
 
@@ -69,8 +74,19 @@ EXP_COLUMNS = [
 ]
 
 
+def confirmed(args) -> bool:
+    """Deletion needs both ``--apply`` and ``--yes``; either alone prints the plan."""
+    return bool(args.apply and args.yes)
+
+
+def plan_only_hint(args) -> str:
+    """What to add to the command line to apply the plan."""
+    missing = [f for f, given in (("--apply", args.apply), ("--yes", args.yes)) if not given]
+    return f" (plan only: add {' '.join(missing)} to do it)"
+
+
 def run_experiment(args, exp) -> int:
-    """One plan for every run of an experiment; applied run by run with ``--yes``."""
+    """One plan for every run of an experiment; applied run by run with ``--apply --yes``."""
     policy = make_policy(args.keep_last, args.keep_every, args.keep_best, (), args.older_than,
                          args.every_by)  # fmt: skip
     pins: list[int] = list(args.pin)
@@ -82,7 +98,7 @@ def run_experiment(args, exp) -> int:
     fits = "" if a["budget"] is None else (
         f"; {human_bytes(a['after'])} after, budget {human_bytes(a['budget'])}"
         + ("" if a["fits"] else " (NOT met: the rest is protected)"))  # fmt: skip
-    if not args.yes or n_del == 0:
+    if not confirmed(args) or n_del == 0:
         if args.json:
             emit_json(plan)
         else:
@@ -90,7 +106,7 @@ def run_experiment(args, exp) -> int:
                      title=f"retention plan for experiment {exp.root}", empty="no serials")  # fmt: skip
         print(f"{len(exp)} runs, {human_bytes(a['total'])}: would delete {n_del} serial(s), "
               f"freeing {human_bytes(freed)}{fits}"
-              + ("" if n_del == 0 else " (plan only: add --yes to do it)"), file=sys.stderr)  # fmt: skip
+              + ("" if n_del == 0 else plan_only_hint(args)), file=sys.stderr)  # fmt: skip
         return 0
     with progress(n_del, "retain", unit="serial", args=args) as bar:
         result = exp.apply_retention(plan, progress=bar.update)
@@ -126,7 +142,7 @@ def run(args) -> int:
     n_del = int((plan["action"] == "delete").sum())
     n_slim = int((plan["action"] == "slim").sum())
     freed = int(plan["frees"].sum())
-    if not args.yes or n_del + n_slim == 0:
+    if not confirmed(args) or n_del + n_slim == 0:
         if args.json:
             emit_json(plan)
         else:
@@ -134,7 +150,7 @@ def run(args) -> int:
                      empty="no serials")  # fmt: skip
         what = f"would delete {n_del} serial(s)" + (f", slim {n_slim}" if n_slim else "")
         print(f"policy: {describe_policy(policy)}; {what}, freeing {human_bytes(freed)}"
-              + ("" if n_del + n_slim == 0 else " (plan only: add --yes to do it)"),
+              + ("" if n_del + n_slim == 0 else plan_only_hint(args)),
               file=sys.stderr)  # fmt: skip
         return 0
     with progress(n_del + n_slim, "retain", unit="serial", args=args) as bar:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
+from ckptview.scan.access import denied_message, touches, unreadable_dirs
+
 from . import _table as t
 from ._common import add_open_args, emit_json, open_tree
 
@@ -44,7 +48,17 @@ def run(args) -> int:
         title = f"{cat.layout}: {cat.url}, serial {serial}"
     if args.json:
         emit_json(df.reset_index(drop=True))
-        return 0
+        return report_denied(cat, None if args.all else serial)
     shown = df.assign(n_shards=df["n_shards"].where(df["n_shards"] > 1))
     t.render(shown, columns(cat.url, args.all), title=title, empty="no variables")
-    return 0
+    return report_denied(cat, None if args.all else serial)
+
+
+def report_denied(cat, serial: int | None) -> int:
+    """Name on stderr each directory of the shown serial(s) this process may not read (its
+    variables are missing above); 1 when there is one, else 0."""
+    paths = cat.serials["path"] if serial is None else cat.serials.loc[[serial], "path"]
+    denied = [d for d in unreadable_dirs(cat.tree) if any(touches(d, p) for p in paths)]
+    for d in denied:
+        print(f"error: {denied_message(d)}", file=sys.stderr)
+    return 1 if denied else 0

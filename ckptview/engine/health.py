@@ -648,7 +648,8 @@ def _names(keys: Iterable[tuple[str, str]], limit: int = 3) -> str:
 def variable_rules(h: pd.DataFrame, spike_factor: float = 10.0) -> pd.DataFrame:
     """Per variable row of ``h`` (same index): ``update_ratio`` (update_rel over the
     variable's own median of positive update_rel values, NaN with fewer than
-    :data:`MIN_UPDATES`), ``l2_ratio`` (l2 over its previous serial's), and the flags
+    :data:`MIN_UPDATES`; a spike is a ratio above ``spike_factor`` that also exceeds every
+    earlier update of the variable), ``l2_ratio`` (l2 over its previous serial's), and the flags
     ``nonfinite``, ``update_spike``, ``l2_jump`` and ``frozen`` (zero update for two serials
     after it had moved, flagged on each serial of the streak)."""
     out = pd.DataFrame(index=h.index)
@@ -669,7 +670,11 @@ def variable_rules(h: pd.DataFrame, spike_factor: float = 10.0) -> pd.DataFrame:
     ratio = finite_u / med
     out["update_median"] = med
     out["update_ratio"] = ratio
-    out["update_spike"] = (ratio > spike_factor).fillna(False).astype(bool)
+    # a jump: above the factor over the run's median AND above every earlier update of the
+    # variable (training's large first updates, decaying after, are never a spike)
+    earlier = finite_u.groupby([h["node"], h["name"]], sort=False).transform(
+        lambda s: s.shift(1).cummax())
+    out["update_spike"] = ((ratio > spike_factor) & (finite_u > earlier)).fillna(False).astype(bool)
     prev_l2 = groups["l2"].shift(1)
     l2_ratio = (h["l2"] / prev_l2.where(prev_l2 > 0)).astype("float64")
     out["l2_ratio"] = l2_ratio

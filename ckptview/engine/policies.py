@@ -185,7 +185,23 @@ def make_policy(keep_last=None, keep_every=None, keep_best=None, pinned=(),
 
 
 def describe_policy(policy: AnyOf | None) -> str:
+    """A policy in words: ``keep the last 3 complete, every 5th serial, pinned 7``."""
     if not policy:
         return "keep everything (no policy)"
-    return " | ".join(f"{type(p).__name__}({', '.join(map(str, asdict(p).values()))})"
-                      for p in policy.policies)  # fmt: skip
+    return "keep " + ", ".join(_describe(p) for p in policy.policies)
+
+
+def _describe(part) -> str:
+    """One part of a policy in words."""
+    if isinstance(part, KeepLast):
+        return f"the last {part.n} complete"
+    if isinstance(part, KeepEvery):
+        return f"every serial whose {part.by} is divisible by {part.k}"
+    if isinstance(part, KeepBest):
+        missing = " (and those without it)" if part.keep_missing else ""
+        return f"the best {part.n} by {part.metric} ({part.mode}){missing}"
+    if isinstance(part, Pinned):
+        return "pinned " + ", ".join(map(str, part.serials))
+    if isinstance(part, KeepNewerThan):
+        return f"those written within {pd.Timedelta(seconds=part.seconds)}"
+    return f"{type(part).__name__}({', '.join(map(str, asdict(part).values()))})"

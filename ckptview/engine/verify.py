@@ -24,6 +24,7 @@ from ..dtypes import is_numeric, itemsize, np_dtype, packed_nbytes
 from ..formats.small import loads_json
 from ..formats.zipdir import DEFLATED, STORED, locate, read_directory
 from ..model import VarInfo
+from ..scan.access import touches, unreadable_dirs
 from ..scan.core import Scan
 from ..scan.listing import FileResult
 from ..scan.tables import var_name
@@ -37,7 +38,9 @@ Finding = tuple[int, str, str, str, str]
 
 def verify(scan: Scan, serials: Iterable[int] | None = None, deep: bool = False) -> pd.DataFrame:
     """Findings (serial, file, check, severity ``error``|``warning``, message) for the given
-    serials (default: all); an empty table when they are clean."""
+    serials (default: all); an empty table when they are clean. A local directory this
+    process may not read is an error finding (check ``permission``) of the serial it holds
+    or belongs to; outside every serial, of serial -1 (the tree) when all are checked."""
     wanted = None if serials is None else {int(s) for s in serials}
     known = set(int(s) for s in scan.serials.index)
     if wanted is not None and wanted - known:
@@ -46,7 +49,7 @@ def verify(scan: Scan, serials: Iterable[int] | None = None, deep: bool = False)
     for res in scan.file_results():
         if wanted is None or res.serial in wanted:
             by_serial[res.serial].append(res)
-    found: list[Finding] = []
+    found: list[Finding] = list(_denied(scan, wanted))
     for serial in sorted(by_serial):
         results = by_serial[serial]
         for res in results:
@@ -60,6 +63,21 @@ def verify(scan: Scan, serials: Iterable[int] | None = None, deep: bool = False)
     if deep:
         fold(scan, by_serial, found)
     return df.astype({"serial": "int64"})
+
+
+def _denied(scan: Scan, wanted: set[int] | None) -> Iterator[Finding]:
+    """An error finding per directory the tree walk could not enter (no permission)."""
+    denied = unreadable_dirs(scan.tree)
+    if not denied:
+        return
+    paths = {int(s): str(p) for s, p in scan.serials["path"].items()}
+    for d in denied:
+        owners = [s for s, p in paths.items() if touches(d, p)]
+        for serial in owners or ([-1] if wanted is None else []):
+            if wanted is None or serial in wanted:
+                yield (serial, scan.storage.url(d), "permission", "error",
+                       "permission denied: this directory cannot be read, so its files "
+                       "are neither listed nor checked")  # fmt: skip
 
 
 def fold(scan: Scan, by_serial: dict[int, list[FileResult]], found: list[Finding]) -> None:

@@ -29,6 +29,9 @@ TABLE_CSS = """
 .pnx-tabulator.tabulator { font-size: 13px; max-width: 100%; }
 .pnx-tabulator .tabulator-header .tabulator-col { font-size: 13px; }
 .pnx-tabulator .tabulator-row .tabulator-cell { padding: 4px 6px; overflow-wrap: anywhere; }
+.pnx-tabulator .tabulator-col .tabulator-col-title { white-space: normal; text-overflow: clip;
+  overflow-wrap: normal; }
+.pnx-tabulator .cv-name { white-space: normal; overflow-wrap: anywhere; }
 .tabulator-row.tabulator-selected { background-color: rgba(33, 150, 243, 0.28) !important;
   color: var(--panel-on-background-color, inherit) !important; }
 """
@@ -67,6 +70,22 @@ SIZE_FORMATTER_TEMPLATE = (
     " while (Math.abs(n) >= 1024 && i < 5) { n /= 1024; i++; }"
     " return n.toFixed(1) + ' ' + u[i]; })(value) %>"
 )
+
+
+#: a name as text that wraps after its path separators (``/`` and ``.``) before anywhere else
+NAME_FORMATTER_TEMPLATE = (
+    "<span class=\"cv-name\"><%= String(value === null || value === undefined ? '' : value)"
+    ".replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;')"
+    ".replace(/\"/g, '&quot;').replace(/'/g, '&#39;').replace(/([\\/.])/g, '$1<wbr>') %></span>"
+)
+
+
+def name_formatter():
+    """A Tabulator cell formatter for names: escaped text, wrapped at ``/`` and ``.`` (its
+    tooltip, the table's default, is the whole name)."""
+    from bokeh.models.widgets.tables import HTMLTemplateFormatter
+
+    return HTMLTemplateFormatter(template=NAME_FORMATTER_TEMPLATE)
 
 
 def size_formatter():
@@ -291,12 +310,15 @@ def as_workspace(source) -> Workspace:
     return Workspace([source])
 
 
+#: message boxes: a translucent tint of the kind's colour over the page and the theme's own
+#: text colour, so they read in the light and the dark theme alike
 NOTICE_STYLES = {
-    "info": {"background": "#e3f2fd", "color": "#0d3c61", "border-left": "4px solid #1976d2"},
-    "success": {"background": "#e8f5e9", "color": "#1b4d20", "border-left": "4px solid #2e7d32"},
-    "warning": {"background": "#fff8e1", "color": "#5d4200", "border-left": "4px solid #f9a825"},
-    "danger": {"background": "#ffebee", "color": "#7f1d1d", "border-left": "4px solid #c62828"},
+    "info": {"background": "rgba(25, 118, 210, 0.14)", "border-left": "4px solid #1976d2"},
+    "success": {"background": "rgba(46, 125, 50, 0.16)", "border-left": "4px solid #2e7d32"},
+    "warning": {"background": "rgba(249, 168, 37, 0.18)", "border-left": "4px solid #f9a825"},
+    "danger": {"background": "rgba(198, 40, 40, 0.16)", "border-left": "4px solid #c62828"},
 }
+NOTICE_TEXT = {"color": "var(--panel-on-background-color, inherit)"}
 
 
 #: text with long paths or names: they break anywhere rather than run out of their box
@@ -322,7 +344,7 @@ def notice(text: str = "", kind: str = "info", **kwargs) -> pn.pane.Markdown:
 
 def set_notice(pane: pn.pane.Markdown, text: str, kind: str = "info") -> None:
     """Change a :func:`notice`'s text and kind; the kind is also a CSS class (for tests)."""
-    style = {**NOTICE_STYLES[kind], "padding": "2px 12px", "border-radius": "4px"}
+    style = {**NOTICE_STYLES[kind], **NOTICE_TEXT, "padding": "2px 12px", "border-radius": "4px"}
     classes = [c for c in pane.css_classes if not c.startswith("cv-notice-")]
     pane.param.update(object=text, styles=style, css_classes=[*classes, f"cv-notice-{kind}"])
 

@@ -105,14 +105,42 @@ def html_choices(names) -> dict:
     return {html_text(n): n for n in names}
 
 
+#: a status column's width: the longest badge (``shape_changed``) whole
+BADGE_WIDTH = 124
+
+
 def badge(status: str) -> str:
-    """An HTML chip for a status word (used with Tabulator's ``html`` formatter)."""
+    """An HTML chip for a status word (used with Tabulator's ``html`` formatter); never cut
+    or wrapped."""
     color = STATUS_COLORS.get(status, "#455a64")
     word = html_text(status)
     return (
         f'<span class="cv-badge cv-{word}" style="background:{color};color:white;'
-        f'border-radius:8px;padding:1px 8px;font-size:12px">{word}</span>'
+        f"border-radius:8px;padding:1px 8px;font-size:12px;white-space:nowrap;"
+        f'display:inline-block">{word}</span>'
     )
+
+
+#: average glyph width of the tables' 13 px font, and a header's padding and sort arrow
+CHAR_PX = 7.6
+HEADER_PAD = 34
+CELL_PAD = 16
+
+
+def fit_width(values, title: str = "", lo: int = 48, hi: int = 320) -> int:
+    """Pixels a table column needs for its longest value and its whole title (never cut),
+    within ``lo``..``hi`` (a longer value wraps)."""
+    longest = max((len(str(v)) for v in values if v is not None), default=0)
+    need = max(longest * CHAR_PX + CELL_PAD, len(str(title)) * CHAR_PX + HEADER_PAD)
+    return int(min(max(need, lo), hi))
+
+
+def fit_widths(frame: pd.DataFrame, columns, titles: dict | None = None,
+               hi: int = 320) -> dict[str, int]:  # fmt: skip
+    """:func:`fit_width` of each of ``columns`` in ``frame`` (title: ``titles`` or the name)."""
+    titles = titles or {}
+    return {c: fit_width(frame.get(c, []), titles.get(c, c), hi=hi)
+            for c in columns}  # fmt: skip
 
 
 def metrics_wide(cat) -> pd.DataFrame:

@@ -11,9 +11,11 @@ import param
 
 from ..engine.diff import by_change
 from . import plots
-from ._base import Workspace, as_workspace, form_row, in_background, table
+from ._base import Workspace, as_workspace, form_row, in_background, name_formatter, table
 from ._format import (
+    BADGE_WIDTH,
     badge,
+    fit_widths,
     fmt_cosine,
     fmt_number,
     fmt_shape,
@@ -26,8 +28,16 @@ from ._format import (
 SHOWN = ["status", "name", "node", "shape", "rel_l2", "l2", "max_abs", "cosine", "n_changed",
          "numel", "error"]  # fmt: skip
 NUMBERS = ["rel_l2", "l2", "max_abs", "cosine", "n_changed", "numel"]
-DIFF_WIDTHS = {"status": 100, "node": "8%", "shape": 80, "rel_l2": 76, "l2": 76,
+DIFF_WIDTHS = {"status": BADGE_WIDTH, "node": 64, "shape": 80, "rel_l2": 76, "l2": 76,
                "max_abs": 86, "cosine": 90, "n_changed": 98, "numel": 76}  # fmt: skip
+#: columns as wide as their longest value and whole title; the name takes the rest
+FITTED = ["node", "shape", *NUMBERS]
+
+
+def diff_widths(shown: pd.DataFrame) -> dict:
+    """Column widths for the diff table: the status badge whole, the short columns fitted,
+    the error a fixed share (it wraps); the name is left the rest of the row."""
+    return {**DIFF_WIDTHS, **fit_widths(shown, FITTED, hi=200), "error": 220}
 PLOT_LIMIT = 16 << 20  # values read at once for the difference plots
 
 
@@ -79,7 +89,8 @@ class CompareView(pn.viewable.Viewer):
         self.table = table(
             pd.DataFrame(columns=SHOWN), pagination="remote", page_size=20, selectable=1,
             formatters={"status": {"type": "html"},
-                        **{c: {"type": "textarea"} for c in ("name", "node", "shape", "error")}},
+                        "name": name_formatter(),
+                        **{c: {"type": "textarea"} for c in ("node", "shape", "error")}},
             layout="fit_columns", widths=DIFF_WIDTHS, text_align=dict.fromkeys(NUMBERS, "right"),
             css_classes=["ckptview-diff"],
         )  # fmt: skip
@@ -146,10 +157,11 @@ class CompareView(pn.viewable.Viewer):
         shown = self._shown.copy()
         shown["status"] = [badge(s) for s in shown["status"]]
         self.table.selection = []
-        self.table.value = shown
-        self.table.hidden_columns = [
-            c for c in ("node", "error") if (self._shown[c].astype(str) == "").all()
-        ]  # nothing in them: no room taken
+        self.table.param.update(
+            value=shown, widths=diff_widths(self._shown),
+            hidden_columns=[c for c in ("node", "error")
+                            if (self._shown[c].astype(str) == "").all()],
+        )  # fmt: skip  # an empty column takes no room
         self.table.visible = True
         counts = self.diff["status"].value_counts()
         summary = ", ".join(f"{n} {s}" for s, n in counts.items())

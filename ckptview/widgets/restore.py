@@ -226,7 +226,11 @@ class RestoreView(pn.viewable.Viewer):
                                          css_classes=["ckptview-restore-run"]),
             pn.widgets.Select.from_param(self.param.serial, label="serial", width=110,
                                          css_classes=["ckptview-restore-serial"]),
+            # the chosen mode filled with the primary colour, the others outlined: plain in
+            # either theme
             pn.widgets.RadioButtonGroup.from_param(self.param.mode, label="mode",
+                                                   button_type="primary",
+                                                   button_style="outline",
                                                    css_classes=["ckptview-restore-mode"]),
             pn.widgets.TextInput.from_param(self.param.destination, label="destination URL",
                                             width=320, placeholder="/path/to/new/tree",

@@ -21,7 +21,9 @@ from ._base import (
     wrapping,
 )
 from ._format import (
+    BADGE_WIDTH,
     badge,
+    fit_width,
     html_choices,
     md_code,
     md_problem,
@@ -38,7 +40,7 @@ VERDICT_COLUMNS = ("nbytes", "loadable", "error", "warning")
 DEFAULT_METRICS = 2  # metric columns shown by default (the rest via the column chooser)
 #: fixed widths of the short columns; the others (time, nodes, metrics, error text) share the
 #: rest of the page's width and wrap, so the table fits a 1280-pixel screen and fills a wide one
-SERIAL_WIDTHS = {"serial": 74, "status": 100, "size": 86, "epoch": 76,
+SERIAL_WIDTHS = {"serial": 74, "status": BADGE_WIDTH, "size": 86, "epoch": 76,
                  "step": 66, "files": 62, "variables": 96, "loadable": 72,
                  "nodes": "16%"}  # fmt: skip
 SHORT_TITLES = {"loadable": "loads"}  # the column's width is its values', not its name's
@@ -144,7 +146,9 @@ class SerialsTable(pn.viewable.Viewer):
         the short columns (:data:`SERIAL_WIDTHS`) leave of the page's width, wrapping; with
         short columns only, each is as wide as its data and the last one fills the row."""
         if any(c not in (*SERIAL_WIDTHS, "time") for c in self.columns):
-            return {"widths": {**SERIAL_WIDTHS, "time": 150}, "layout": "fit_columns"}
+            nodes = fit_width(self.frame["nodes"], "nodes", hi=240)  # wraps at ", " beyond
+            return {"widths": {**SERIAL_WIDTHS, "time": 150, "nodes": nodes},
+                    "layout": "fit_columns"}  # fmt: skip
         return {"widths": {}, "layout": "fit_data_stretch"}
 
     @param.depends("columns", watch=True)

@@ -8,10 +8,11 @@ import param
 
 import ckptview as cv
 
-from ._base import built_once, form_row, share_formatter, size_formatter, table
+from ._base import built_once, form_row, name_formatter, share_formatter, size_formatter, table
 from ._format import (
     badge,
     filter_choices,
+    fit_widths,
     html_choices,
     human_bytes,
     totals_frame,
@@ -19,9 +20,19 @@ from ._format import (
 )
 
 SHOWN = ["name", "node", "kind", "dtype", "shape", "numel", "size", "share", "error"]
-#: fixed widths of the short columns; name, node and error share the rest (and wrap)
+#: the short columns, each as wide as its longest value and its title; the name takes the
+#: rest of the row (wrapping at ``/`` and ``.`` only when it must), an error a fixed share
+FITTED = ["node", "kind", "dtype", "shape", "numel", "size"]
 VARIABLE_WIDTHS = {"kind": 110, "dtype": 85, "shape": 95, "numel": 80, "size": 90,
                    "share": 110}  # fmt: skip
+TITLES = {"share": "% of serial"}
+ERROR_WIDTH = 240
+
+
+def variable_widths(shown: pd.DataFrame) -> dict[str, int]:
+    """Column widths for a page of the variables table (sizes as text: ``999.9 KiB``)."""
+    sized = shown.assign(size="999.9 KiB") if len(shown) else shown
+    return {**fit_widths(sized, FITTED, TITLES, hi=200), "share": 100, "error": ERROR_WIDTH}
 
 
 #: the totals: compact rows, numbers to the right, in the theme's colours
@@ -63,9 +74,9 @@ class VariablesTable(pn.viewable.Viewer):
                                         sizing_mode="stretch_width")  # fmt: skip
         self.table = table(
             pd.DataFrame(columns=SHOWN), pagination="remote", page_size=50, selectable=1,
-            formatters={"share": share_formatter(), "size": size_formatter(),
-                        "error": {"type": "textarea"}},
-            titles={"share": "% of serial"}, layout="fit_columns", widths=VARIABLE_WIDTHS,
+            formatters={"name": name_formatter(), "share": share_formatter(),
+                        "size": size_formatter(), "error": {"type": "textarea"}},
+            titles=TITLES, layout="fit_columns", widths=VARIABLE_WIDTHS,
             text_align={"size": "right", "numel": "right"}, css_classes=["ckptview-variables"],
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
@@ -121,10 +132,11 @@ class VariablesTable(pn.viewable.Viewer):
         self.table.selection = []
         shown = f[SHOWN].astype(object)
         shown["size"] = f["nbytes"].astype("int64")  # bytes, shown human-readable: sorts by size
-        self.table.value = shown
-        self.table.hidden_columns = [
-            c for c in ("node", "error") if not len(f) or (f[c].astype(str) == "").all()
-        ]  # nothing to show in them: no room taken
+        self.table.param.update(
+            value=shown, widths=variable_widths(f[SHOWN]),
+            hidden_columns=[c for c in ("node", "error")
+                            if not len(f) or (f[c].astype(str) == "").all()],
+        )  # fmt: skip  # an empty column takes no room
         total = int(f["nbytes"].sum()) if len(f) else 0
         n_bad = int((self._full["error"].astype(str) != "").sum()) if len(self._full) else 0
         bad = f" · {badge('error')} **{n_bad} unreadable**" if n_bad else ""
