@@ -8,10 +8,11 @@
   rebinding, a forgotten proxy) gets ``403``;
 - compresses what it sends (gzip, to a browser that accepts it): the page and the ~5 MB of
   JavaScript and CSS it loads travel as a fraction of that (each resource compressed once);
-- sends a Content-Security-Policy with every HTML page: scripts run only when the server wrote
-  them (a fresh nonce per page, trust passed on to the scripts they load), so HTML that reached
-  the page from a checkpoint cannot run; images, connections and forms stay on this server; no
-  framing, plugins or ``<base>``; and ``nosniff``, ``no-referrer``;
+- sends a Content-Security-Policy with every HTML page: a script runs only if it carries the
+  page's nonce (fresh per page: the server's own ``<script>`` tags and the module scripts
+  es-module-shims creates with it), so HTML that reached the page from a checkpoint cannot run,
+  not even the ``<script>`` Panel re-creates from an HTML or Markdown pane; images, connections
+  and forms stay on this server; no framing, plugins or ``<base>``; ``nosniff``, ``no-referrer``;
 - with a login (``--basic-auth``, an OAuth provider): puts it in front of every route the server
   answers, not only the pages Bokeh guards: static files, component resources, the favicon,
   the websocket (:func:`require_login`; only the login and logout pages stay open);
@@ -43,10 +44,14 @@ from . import _panel_fixes
 #: the policy of every HTML page; ``{nonce}`` is fresh for each response
 CSP = "; ".join([
     "default-src 'self'",
-    # the server's own scripts (nonce) and what they load; no inline handler, no injected
-    # <script>. 'unsafe-eval': Bokeh's template cell formatters and Panel's JSCode are compiled
-    # with new Function (no name from a tree ever becomes code: see SerialsTable._field)
-    "script-src 'nonce-{nonce}' 'strict-dynamic' 'unsafe-eval' 'self'",
+    # only scripts that carry the nonce: the page's own <script> tags, and the module scripts
+    # es-module-shims makes for Panel's ESM bundles (it copies the nonce onto them; import()
+    # inherits it, so blob: needs no allowance). No 'strict-dynamic': it trusts every <script>
+    # page code inserts, and Panel re-creates each <script> of an HTML or Markdown pane. No
+    # 'self': a re-created <script src> of this server would run. No inline handler.
+    # 'unsafe-eval': Bokeh's template cell formatters and Panel's JSCode are compiled with
+    # new Function (no name from a tree ever becomes code: see SerialsTable._field)
+    "script-src 'nonce-{nonce}' 'unsafe-eval'",
     "style-src 'self' 'unsafe-inline'",
     "img-src 'self' data: blob:",
     "font-src 'self' data:",
