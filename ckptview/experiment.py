@@ -706,7 +706,8 @@ def _open_all(jobs: list[tuple[str, str, Callable[[], Run]]],
     if not jobs:
         return []
     runs = []
-    with ThreadPoolExecutor(max_workers=min(RUN_WORKERS, len(jobs)), thread_name_prefix="ckptview-runs") as pool:
+    workers = min(RUN_WORKERS, len(jobs))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptview-runs") as pool:
         futures = [pool.submit(_open_one, *job) for job in jobs]
         for i, fut in enumerate(futures):
             runs.append(fut.result())
