@@ -19,6 +19,15 @@ highest peak):
   ``ru_maxrss`` is not used: Linux carries the parent's over ``exec``); ``baseline`` is the
   peak of a process that only imports ``ckptview`` and ``pandas``, so ``peak - baseline`` is
   what the case held in values and buffers.
+
+**Incremental** (``--no-incremental`` skips it): the health of the ``--serials`` serials is
+cached on disk (``cv.open(url, cache=DIR)``), then serial ``--serials + 1`` is added; a fresh
+process times ``cv.open`` + headers + ``health()`` on the grown tree (after a throwaway
+``health`` of a tiny run, so the lazy imports are not counted), and ``cat.storage.counters``
+gives the bytes it read. The baselines: numpy loading and summing the new serial's file alone
+(the goal: health <= 1.2x that), and the new file plus its predecessor's (``update_rel`` reads
+the predecessor's values again: its statistics are cached, its values are not). Each repeat
+starts from a copy of the cache as it was before the serial was added.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +44,9 @@ import time
 from pathlib import Path
 
 
-def write(root: Path, mb: int, serials: int) -> int:
+def write(root: Path, mb: int, serials: int, extra: Path | None = None) -> int:
+    """``serials`` numbered files in ``root`` (bytes returned); with ``extra``, serial
+    ``serials + 1`` is written there (the one the incremental case adds)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -44,13 +56,13 @@ def write(root: Path, mb: int, serials: int) -> int:
     big = rng.normal(size=n).astype(np.float32)
     root.mkdir(parents=True)
     total = 0
-    for s in range(1, serials + 1):
+    for s in range(1, serials + 1 + (extra is not None)):
         big += np.float32(0.01)
-        path = root / f"step_{s}.npz"
+        path = (root if s <= serials else extra) / f"step_{s}.npz"
         np.savez(path, big=big.reshape(-1, 1024), **small)
-        t = time.time() - 600
+        t = time.time() - 600  # older than the cache's 2 s "racily clean" window
         os.utime(path, (t, t))
-        total += path.stat().st_size
+        total += path.stat().st_size if s <= serials else 0
     return total
 
 
@@ -101,6 +113,86 @@ def case(kind: str, root: str) -> dict:
     return {**out, "rss": peak_rss()}
 
 
+def incremental_case(kind: str, root: str, cache: str, new: str) -> dict:
+    """One timed region in this process: ``health`` of the grown tree from the cache
+    (``incremental``), or numpy loading and summing ``new`` (comma-separated files)."""
+    import numpy as np
+
+    if kind == "incremental":
+        import pandas  # noqa: F401 - ckptview's own import
+
+        import ckptview as cv
+
+        with tempfile.TemporaryDirectory() as tiny:  # pay the lazy imports (codecs) untimed
+            np.savez(Path(tiny) / "step_1.npz", w=np.ones((64, 64), np.float32))
+            np.savez(Path(tiny) / "step_2.npz", w=np.ones((64, 64), np.float32))
+            cv.open(tiny, cache=False).health()
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        cat = cv.open(root, cache=cache)
+        cat.variables  # noqa: B018 - headers: only the new file's are read
+        headers = cat.storage.counters.bytes_read
+        h = cat.health()
+        seconds, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+        c = cat.storage.counters
+        return {"seconds": seconds, "cpu": cpu, "bytes": c.bytes_read, "requests": c.requests,
+                "header_bytes": headers, "rows": len(h), "rss": peak_rss()}  # fmt: skip
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    for p in new.split(","):
+        with np.load(p) as z:
+            for k in z.files:
+                z[k].sum()
+    return {"seconds": time.perf_counter() - t0, "cpu": cpu_seconds() - c0, "rss": peak_rss()}
+
+
+def run_incremental(root: Path, extra: Path, serials: int, repeat: int) -> dict:
+    """The incremental case and its numpy baselines, best of ``repeat`` (fresh processes)."""
+    base = root.parent
+    warm = base / "cache-warm"
+    subprocess.run([sys.executable, "-c", "import ckptview as cv, sys; "
+                    "cv.open(sys.argv[1], cache=sys.argv[2]).health()", str(root), str(warm)],
+                   check=True)  # fmt: skip
+    added = root / f"step_{serials + 1}.npz"
+    shutil.move(extra / added.name, added)
+    pred = root / f"step_{serials}.npz"
+    jobs = {"incremental": "", "numpy_new": str(added), "numpy_pair": f"{pred},{added}"}
+    got: dict = {}
+    for _ in range(repeat):
+        for kind, new in jobs.items():
+            cache = base / "cache"
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.copytree(warm, cache)
+            out = subprocess.run([sys.executable, __file__, "--case", kind, "--root", str(root),
+                                  "--cache", str(cache), "--new", new],
+                                 check=True, capture_output=True, text=True).stdout  # fmt: skip
+            r = json.loads(out)
+            best = got.setdefault(kind, r)
+            for k in ("seconds", "cpu"):
+                best[k] = min(best[k], r[k])
+            for k in ("rss", "bytes", "requests", "header_bytes"):
+                if k in r:
+                    best[k] = max(best[k], r[k])
+    got["new_bytes"] = added.stat().st_size
+    got["pair_bytes"] = added.stat().st_size + pred.stat().st_size
+    return got
+
+
+def report_incremental(got: dict, serials: int) -> None:
+    inc, one, two = got["incremental"], got["numpy_new"], got["numpy_pair"]
+    mb = 1e6
+    print(f"incremental: {serials} serials' health cached on disk, serial {serials + 1} added "
+          f"({got['new_bytes'] / mb:.0f} MB; with its predecessor {got['pair_bytes'] / mb:.0f} MB)")  # fmt: skip
+    print(f"  numpy, the new file       {one['seconds']:6.3f} s  cpu {one['cpu']:5.3f} s")
+    print(f"  numpy, new + predecessor  {two['seconds']:6.3f} s  cpu {two['cpu']:5.3f} s")
+    print(f"  health (open + headers + health) {inc['seconds']:6.3f} s  cpu {inc['cpu']:5.3f} s | "
+          f"read {inc['bytes'] / mb:.1f} MB in {inc['requests']} requests "
+          f"({inc['bytes'] / got['new_bytes']:.2f}x the new file; headers "
+          f"{inc['header_bytes'] / mb:.2f} MB) | peak RSS {inc['rss'] / mb:.0f} MB")  # fmt: skip
+    print(f"health / numpy(new file): time {inc['seconds'] / one['seconds']:.2f}x, cpu "
+          f"{inc['cpu'] / max(one['cpu'], 1e-9):.2f}x (goal: <= 1.2x); / numpy(new + "
+          f"predecessor): time {inc['seconds'] / two['seconds']:.2f}x, cpu "
+          f"{inc['cpu'] / max(two['cpu'], 1e-9):.2f}x")  # fmt: skip
+
+
 def run(kind: str, root: Path, repeat: int) -> dict:
     best: dict = {}
     for _ in range(repeat):
@@ -117,16 +209,27 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=64, help="the largest tensor, MB")
     ap.add_argument("--serials", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (best time kept)")
+    ap.add_argument("--no-incremental", action="store_true",
+                    help="skip the case of one serial added to a cached run")  # fmt: skip
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
+    ap.add_argument("--cache", help=argparse.SUPPRESS)
+    ap.add_argument("--new", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.case in ("incremental", "numpy_new", "numpy_pair"):
+        print(json.dumps(incremental_case(args.case, args.root, args.cache, args.new)))
+        return
     if args.case:
         print(json.dumps(case(args.case, args.root)))
         return
+    inc = None
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp) / "run"
-        total = write(root, args.mb, args.serials)
+        root, extra = Path(tmp) / "run", Path(tmp) / "next"
+        extra.mkdir()
+        total = write(root, args.mb, args.serials, extra)
         got = {kind: run(kind, root, args.repeat) for kind in ("baseline", "numpy", "health")}
+        if not args.no_incremental:
+            inc = run_incremental(root, extra, args.serials, args.repeat)
     tensor = args.mb << 20
     base = got["baseline"]["rss"]
     print(f"run: {args.serials} serials, {total / 1e6:.0f} MB, largest tensor {args.mb} MB "
@@ -146,6 +249,8 @@ def main() -> None:
     print(f"health peak RSS {got['health']['rss'] / 1e6:.0f} MB (goal <= 300 MB at --mb 256); "
           f"above the import baseline {(got['health']['rss'] - base) / tensor:.2f}x the largest "
           f"tensor (numpy holds one array: {got['numpy']['rss'] / tensor:.2f}x in all)")
+    if inc is not None:
+        report_incremental(inc, args.serials)
 
 
 if __name__ == "__main__":

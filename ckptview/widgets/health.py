@@ -18,7 +18,14 @@ import numpy as np
 import pandas as pd
 import panel as pn
 import param
-from bokeh.models import BoxAnnotation, ColorBar, ColumnDataSource, HoverTool, LinearColorMapper
+from bokeh.models import (
+    ColorBar,
+    ColumnDataSource,
+    HoverTool,
+    Legend,
+    LegendItem,
+    LinearColorMapper,
+)
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
@@ -80,9 +87,11 @@ def heatmap_data(h: pd.DataFrame, metric: str = "update_rel", spike_factor: floa
 
 def heatmap_figure(data: dict, metric: str, rollback: int | None) -> figure:
     """The heatmap as a Bokeh figure: colour = log10 of the value, anomalies ringed
-    (red: NaN/inf, orange: spike, grey: frozen), the rollback point's column boxed in green."""
+    (red: NaN/inf, orange: spike, grey: frozen), the rollback point's column outlined in green;
+    the legend sits above the cells, never over them."""
     cells, rows, cols = data["cells"], data["rows"], data["cols"]
-    height = max(200, min(900, 40 + 14 * len(rows)))
+    top = len(rows) - 1  # rows[0] (the worst) is drawn on top: cell row top - i
+    height = max(220, min(920, 80 + 14 * len(rows)))
     fig = figure(height=height, sizing_mode="stretch_width", tools="pan,wheel_zoom,box_zoom,reset",
                  toolbar_location="above", x_range=(-0.5, len(cols) - 0.5),
                  y_range=(-0.5, len(rows) - 0.5), x_axis_label="serial",
@@ -90,33 +99,40 @@ def heatmap_figure(data: dict, metric: str, rollback: int | None) -> figure:
     finite = cells["log"][np.isfinite(cells["log"])]
     low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
     mapper = LinearColorMapper(palette=Viridis256, low=low, high=max(high, low + 1e-9),
-                               nan_color="#e0e0e0")  # fmt: skip
+                               nan_color="#bdbdbd")  # fmt: skip
     source = ColumnDataSource({"x": cells["col"].to_numpy(), "y": cells["row"].to_numpy(),
                                "log": cells["log"].to_numpy(), "value": cells["value"].to_numpy(),
                                "var": cells["var"].to_numpy(), "serials": cells["serials"].to_numpy(),
                                "anomaly": cells["anomaly"].to_numpy()})  # fmt: skip
-    fig.rect("x", "y", 1, 1, source=source, fill_color={"field": "log", "transform": mapper},
-             line_color=None)  # fmt: skip
-    colours = {"nonfinite": "#d32f2f", "spike": "#ff9800", "frozen": "#607d8b"}
-    for kind, colour in colours.items():
-        hit = cells[cells["anomaly"] == kind]
-        if len(hit):
-            fig.rect(hit["col"].to_numpy(), hit["row"].to_numpy(), 0.9, 0.9, fill_alpha=0,
-                     line_color=colour, line_width=2, legend_label=kind)  # fmt: skip
+    heat = fig.rect("x", "y", 1, 1, source=source, fill_color={"field": "log", "transform": mapper},
+                    line_color=None)  # fmt: skip
+    items = []
     if rollback is not None and rollback in data["bins"]:
         c = data["bins"][rollback]
-        fig.add_layout(BoxAnnotation(left=c - 0.5, right=c + 0.5, fill_alpha=0.15,
-                                     fill_color="#2e7d32", line_color="#2e7d32", line_width=2))  # fmt: skip
-    fig.add_tools(HoverTool(tooltips=[("variable", "@var"), ("serial", "@serials"),
+        box = fig.rect([c], [top / 2], 1, len(rows), fill_color="#00e676", fill_alpha=0.18,
+                       line_color="#00c853", line_width=3)  # fmt: skip
+        items.append(LegendItem(label=f"rollback point ({rollback})", renderers=[box]))
+    colours = {"nonfinite": ("#d32f2f", "NaN/inf"), "spike": ("#ff9800", "spike"),
+               "frozen": ("#607d8b", "frozen")}  # fmt: skip
+    for kind, (colour, label) in colours.items():
+        hit = cells[cells["anomaly"] == kind]
+        if len(hit):
+            ring = fig.rect(hit["col"].to_numpy(), hit["row"].to_numpy(), 0.86, 0.86, fill_alpha=0,
+                            line_color=colour, line_width=2)  # fmt: skip
+            items.append(LegendItem(label=label, renderers=[ring]))
+    fig.add_tools(HoverTool(renderers=[heat],
+                            tooltips=[("variable", "@var"), ("serial", "@serials"),
                                       (metric, "@value{0.000e}"), ("anomaly", "@anomaly")]))  # fmt: skip
     step = max(1, len(cols) // 12)
     fig.xaxis.ticker = list(range(0, len(cols), step))
     fig.xaxis.major_label_overrides = {i: str(cols[i]) for i in range(0, len(cols), step)}
     fig.yaxis.ticker = list(range(len(rows)))
-    fig.yaxis.major_label_overrides = {i: r[-40:] for i, r in enumerate(rows)}
+    fig.yaxis.major_label_overrides = {top - i: r[-40:] for i, r in enumerate(rows)}
     fig.add_layout(ColorBar(color_mapper=mapper, title="log10"), "right")
-    if fig.legend:
-        fig.legend.location = "top_left"
+    if items:
+        fig.add_layout(Legend(items=items, orientation="horizontal", location="top_left",
+                              border_line_alpha=0, background_fill_alpha=0, padding=2,
+                              margin=2, label_text_font_size="12px"), "above")  # fmt: skip
     return fig
 
 
@@ -145,6 +161,7 @@ class HealthView(pn.viewable.Viewer):
                                                 css_classes=["ckptview-health-compute"])  # fmt: skip
         self.compute_button.on_click(self._on_compute)
         self.restore_button = pn.widgets.Button(label="Plan restore", visible=False,
+                                                color="success",
                                                 css_classes=["ckptview-health-restore"])  # fmt: skip
         self.restore_button.on_click(self._on_restore)
         self.plot = pn.pane.Bokeh(sizing_mode="stretch_width", visible=False,
