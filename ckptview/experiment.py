@@ -448,6 +448,31 @@ class Experiment:
         df.attrs.update({"run_a": run_a, "run_b": run_b})
         return df
 
+    def health(self, spike_factor: float = 10.0,
+               kinds: Iterable[str] | None = ("model",)) -> pd.DataFrame:  # fmt: skip
+        """Per run (DESIGN.md §3e over §3d): ``healthy``, ``divergence`` (the first serial of
+        the first anomaly, or NA), ``first_anomaly`` (its findings), ``rollback_point`` and
+        ``latest``, from each run's :meth:`Catalog.health_summary` (values read, cached per
+        file); a run that fails is a row with ``error``."""
+        rows = {}
+        for name, cat in self._readable().items():
+            try:
+                summary = cat.health_summary(spike_factor, kinds)
+            except Exception as e:  # noqa: BLE001 - one run's failure is its row
+                rows[name] = {"error": _message(e)}
+                continue
+            first = summary.attrs.get("divergence")
+            found = summary.loc[first, "findings"] if first is not None else None
+            rows[name] = {"healthy": first is None, "divergence": first,
+                          "first_anomaly": found if isinstance(found, str) else None,
+                          "rollback_point": summary.attrs.get("rollback_point"),
+                          "latest": cat.latest, "error": None}  # fmt: skip
+        df = pd.DataFrame.from_dict(rows, orient="index",
+                                    columns=["healthy", "divergence", "first_anomaly",
+                                             "rollback_point", "latest", "error"])  # fmt: skip
+        df.index.name = "run"
+        return df.astype({"divergence": "Int64", "rollback_point": "Int64", "latest": "Int64"})
+
     def usage(self) -> pd.DataFrame:
         """Bytes per run (rows) and kind (columns: model, optimizer, …, other); a row adds up
         to the run's ``nbytes``."""

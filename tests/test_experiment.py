@@ -305,3 +305,24 @@ def test_opening_is_concurrent_and_bounded(sweep):
     exp = cv.open_experiment(sweep, progress=lambda d, t: seen.append((d, t)))
     assert seen[-1] == (len(exp), len(exp))
     assert np.diff([d for d, _ in seen]).min() == 1
+
+
+def test_health_over_an_experiment_names_each_runs_first_anomaly(tmp_path):
+    """DESIGN.md §3e over §3d: the demo sweep's diverged run (NaN weights from its fourth
+    save) has its divergence and rollback point; the healthy runs roll back to their latest."""
+    from ckptview.demo import SWEEP, SWEEP_STEP, write_sweep
+
+    write_sweep(tmp_path / "sweep")
+    exp = cv.open_experiment(tmp_path / "sweep")
+    h = exp.health()
+    assert set(h.index) == set(exp.runs.index)
+    for name, _fmt, _n, _lr, diverges in SWEEP:
+        row = h.loc[name]
+        if diverges:  # its loss (in the file names) climbs before the NaNs of its 4th save
+            summary = exp[name].health_summary()
+            bad = [int(s) for s in summary.index[summary["status"] != "ok"]]
+            assert not row["healthy"] and row["divergence"] == bad[0] <= 4 * SWEEP_STEP
+            assert row["first_anomaly"] == summary.loc[bad[0], "findings"]
+            assert row["rollback_point"] == bad[0] - SWEEP_STEP
+        else:
+            assert row["healthy"] and row["rollback_point"] == row["latest"]
