@@ -17,7 +17,7 @@ import pytest
 from conftest import corpus_copy, corpus_path
 
 import ckptview as cv
-from ckptview.demo import model_arrays, write_demo
+from ckptview.demo import model_arrays, write_demo, write_sweep
 from ckptview.widgets import (
     AccessRefused,
     CompareView,
@@ -26,6 +26,7 @@ from ckptview.widgets import (
     RestoreView,
     RetentionView,
     RunBrowser,
+    RunsView,
     SerialsTable,
     TrajectoryPlot,
     TreePicker,
@@ -37,6 +38,7 @@ from ckptview.widgets._base import table
 from ckptview.widgets._format import (
     badge,
     filter_choices,
+    fmt_number,
     html_choices,
     human_bytes,
     md_code,
@@ -547,3 +549,81 @@ def test_metric_names_are_titles_never_table_fields(tmp_path):
     view.columns = [*view.columns, "val.loss"]
     key = next(f for f, t in titles.items() if t == "val.loss")
     assert key not in view.table.hidden_columns
+
+
+# -- the Runs page of an experiment -------------------------------------------------------------
+@pytest.fixture
+def sweep(tmp_path):
+    write_sweep(tmp_path / "sweep")
+    return tmp_path / "sweep"
+
+
+def test_runs_view_shows_exp_runs_plots_compares_and_opens_a_run(sweep):
+    exp = cv.open_experiment(sweep)
+    view = RunsView(exp)
+    runs, frame = exp.runs, view.frame
+    assert list(frame["run"]) == list(runs.index)
+    for shown, column in [("latest", "latest"), ("best", "best"), ("size", "nbytes"),
+                          ("serials", "n_serials"), ("step", "latest_step")]:  # fmt: skip
+        assert list(frame[shown]) == [None if pd.isna(v) else int(v) for v in runs[column]]
+    status = dict(zip(frame["run"], frame["status"], strict=True))
+    assert status.pop("paddle_fluid_crashed") == "incomplete"  # its last save crashed
+    assert set(status.values()) == {"complete"}
+    assert all(f'class="cv-badge cv-{s}"' in html_ for s, html_ in
+               zip(frame["status"], view._shown()["status"], strict=True))  # fmt: skip
+    # one line per run: size for all of them, the metric for those that record it
+    size = [r for r in view.size_plot().renderers if r.name == "ckptview-size-line"]
+    assert len(size) == len(runs)
+    assert view.metric == "loss"
+    with_loss = exp.metrics.loc[exp.metrics["name"] == "loss", "run"].nunique()
+    metric = [r for r in view.metric_plot().renderers if r.name == "ckptview-metric-line"]
+    assert len(metric) == with_loss == 3
+    # compare at a step: one row per variable, one column per run, exp.compare's numbers
+    view.param.update(at="step", step=300)
+    asyncio.run(view._on_compare())
+    want = exp.compare(at=300)
+    shown = view.compare_table.value
+    assert view.compare_table.visible and len(shown) == want.shape[1]
+    assert list(view.compare_table.titles.values()) == list(want.index)
+    row = shown.set_index("variable").loc["model.fc1.weight"]
+    field = f"run_{list(want.index).index('lr_1e-3')}"
+    assert row[field] == fmt_number(want.loc["lr_1e-3", "model.fc1.weight"])
+    assert "lr\\_1e\\-3: serial 300" in view.compare_message.object
+    # a click without a dashboard: the run's browser below the table
+    asyncio.run(view.open("lr_1e-3"))
+    assert view.opened == "lr_1e-3"
+    assert isinstance(view.browser, RunBrowser) and view.browser.catalog is exp["lr_1e-3"]
+    assert view.__panel__() is view.__panel__()  # built once
+    assert RunsView(str(sweep)).frame.equals(frame)  # a URL opens the experiment
+
+
+def test_dashboard_of_an_experiment_opens_on_runs_and_a_click_opens_browse(sweep):
+    page = build_app([str(sweep)])
+    tabs = next(o for o in page.main if hasattr(o, "active"))
+    assert tabs.active == 0 and "ckptview-runs" in tabs[0][0].css_classes
+    exp = cv.open_experiment(sweep)
+    dash = Dashboard(Workspace(guard=Guard(roots=[str(sweep)])), exp)
+    assert dash.tab_names[0] == "Runs" and dash.tabs.active == 0
+    assert list(dash.workspace.runs) == exp.names  # the runs, by their names
+    asyncio.run(dash.runs_view.open("paddle_fluid_crashed"))
+    assert dash.run == "paddle_fluid_crashed"
+    assert dash.tab_names[dash.tabs.active] == "Browse"
+    assert dash._browsers["paddle_fluid_crashed"].catalog is exp["paddle_fluid_crashed"]
+    dash.tabs.active = 0  # back to the Runs page
+    assert page.get_root() is not None
+    plain = Dashboard(Workspace([exp["lr_1e-3"]]))  # one tree: the usual tabs only
+    assert plain.tab_names[0] == "Browse" and plain.runs_view is None
+
+
+def test_run_names_on_the_runs_page_are_text(sweep):
+    name = 'lr<img src=x onerror="alert(1)">'
+    shutil.move(sweep / "lr_3e-4", sweep / name)
+    view = RunsView(cv.open_experiment(sweep))
+    assert name in list(view.frame["run"])  # a plain-text cell (Tabulator's default)
+    assert "<img" not in view._summary()  # (the experiment's root is its only name there)
+    assert all("<img" not in s for s in view._shown()["status"])  # the html column is ours
+    asyncio.run(view._on_compare())
+    assert name in view.compare_table.titles.values()  # titles are plain text (table())
+    assert md_text(name) in view.compare_message.object  # Markdown: every <, =, " escaped
+    asyncio.run(view.open(name))
+    assert md_code(name) in view.detail.objects[0].object

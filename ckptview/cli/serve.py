@@ -1,6 +1,7 @@
 """``ckptview serve URL...``: the dashboard, i.e. ``panel serve app/ckptview_app.py --args URL...``
 through :mod:`ckptview.widgets.server` (a Host check and a Content-Security-Policy), on
-127.0.0.1 unless ``--address`` says otherwise (docs/sharing.md)."""
+127.0.0.1 unless ``--address`` says otherwise (docs/sharing.md). A directory of several runs
+(an experiment) opens on its Runs page."""
 
 from __future__ import annotations
 
@@ -143,15 +144,35 @@ def check_sharing(args) -> None:
         )
 
 
+def runs_below(url: str) -> int:
+    """How many runs an experiment at ``url`` holds (a directory whose runs are below it, as
+    ``ckptview ls`` tells: DESIGN.md §3d), 0 for one tree; from one listing, nothing opened."""
+    from ckptview.experiment import find_runs
+    from ckptview.scan.detect import list_tree
+
+    tree = list_tree(url)
+    if tree.single is not None:
+        return 0
+    found, _ = find_runs(tree)
+    return 0 if not found or [f.name for f in found] == ["."] else len(found)
+
+
 def run(args) -> int:
     app = app_path()
     check_sharing(args)
+    runs = []
     for url in args.urls:  # fail fast, with one line, on a tree that cannot be opened
-        cv.open(url)
+        runs.append(runs_below(url))
+        if not runs[-1]:
+            cv.open(url)
+    what = f"{len(runs)} tree(s)"
+    if any(runs):
+        what = (f"an experiment of {runs[0]} runs" if len(runs) == 1
+                else f"{len(runs)} trees or experiments")  # fmt: skip
     host = "localhost" if args.address in ("", "0.0.0.0", "::") else args.address
     host = f"[{host}]" if ":" in host else host
     where = f"http://{host}:{args.port}/{APP_NAME}" if args.port else "a free port (see below)"
-    print(f"ckptview: serving {len(args.urls)} tree(s) at {where}  (Ctrl-C stops)", flush=True)
+    print(f"ckptview: serving {what} at {where}  (Ctrl-C stops)", flush=True)
     cmd = command(args, app)
     os.environ.update(login_env(args))
     if os.name == "posix":  # become the server: signals (Ctrl-C, SIGTERM) reach it directly

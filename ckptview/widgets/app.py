@@ -17,6 +17,7 @@ import panel_material_ui as pmui
 import param
 
 import ckptview as cv
+from ckptview.experiment import Experiment
 from ckptview.scan.isolated import IsolatedExecutor
 
 from ._base import Workspace, draw_later, in_background, notice, set_notice
@@ -30,6 +31,7 @@ from .loading import TreeLoad
 from .picker import TreePicker
 from .restore import RestoreView
 from .retention import RetentionView
+from .runs import RunsView, add_runs
 from .trajectory import TrajectoryPlot
 
 TABS = ["Browse", "Compare", "Trajectory", "Restore", "Retention", "Health"]
@@ -43,7 +45,10 @@ WORKSPACE_VIEWS = {"Compare": CompareView, "Restore": RestoreView, "Retention": 
 
 class Dashboard(pn.viewable.Viewer):
     """Runs on the left, one tab per task on the right; every view but Browse is built when its
-    tab is first opened (a page that is only browsed never builds Compare, Restore, Retention)."""
+    tab is first opened (a page that is only browsed never builds Compare, Restore, Retention).
+
+    With an ``experiment`` its runs join the workspace and a first tab, Runs, shows them side
+    by side (:class:`RunsView`); a click on a run opens it in the Browse tab."""
 
     run = param.Selector(objects=[], doc="the run the Browse/Trajectory tabs show")
     poll_seconds = param.Number(
@@ -52,9 +57,14 @@ class Dashboard(pn.viewable.Viewer):
         doc="live runs: check the trees for new serials this often; 0: off",
     )
 
-    def __init__(self, workspace: Workspace, **params):
+    def __init__(self, workspace: Workspace, experiment: Experiment | None = None, **params):
         self.workspace = workspace
         super().__init__(**params)
+        #: the experiment's run names -> their labels in the workspace
+        self.run_labels = add_runs(workspace, experiment) if experiment is not None else {}
+        self.tab_names = ["Runs", *TABS] if experiment is not None else list(TABS)
+        self.runs_view = (RunsView(experiment, on_open=self.open_run, workspace=workspace)
+                          if experiment is not None else None)  # fmt: skip
         self.picker = TreePicker(workspace)
         self._views: dict[str, pn.viewable.Viewer] = {}  # tab name -> its view, once built
         self._browsers: dict[str, RunBrowser] = {}
@@ -68,6 +78,9 @@ class Dashboard(pn.viewable.Viewer):
             ("Retention", self._areas["Retention"]), ("Health", self._areas["Health"]), dynamic=True, sizing_mode="stretch_width",
             css_classes=["ckptview-tabs"],
         )  # fmt: skip
+        if self.runs_view is not None:  # an experiment: its Runs page first, and shown first
+            self.tabs.insert(0, ("Runs", pn.Column(self.runs_view, sizing_mode="stretch_width")))
+            self.tabs.active = 0
         self._watchers = [workspace.param.watch(self._on_runs, "runs"),
                           workspace.param.watch(self._on_changed, "changed")]  # fmt: skip
         self.tabs.param.watch(self._on_tab, "active")
@@ -104,13 +117,22 @@ class Dashboard(pn.viewable.Viewer):
 
     async def _plan_restore(self, run: str, serial: int) -> None:
         """The Restore tab, showing the dry-run plan of ``serial`` of ``run``."""
-        self.tabs.active = TABS.index("Restore")
+        self.tabs.active = self.tab_names.index("Restore")
         view = self.restore
         view.param.update(run=run, serial=serial)
         await view._on_plan()
 
+    async def open_run(self, run: str) -> None:
+        """Show the experiment's run ``run`` in the Browse tab (the Runs tab leads back)."""
+        label = self.run_labels.get(run, run)
+        if label in self.workspace.runs:  # the run, then the tab (which builds its browser)
+            self.run = label
+            self.tabs.active = self.tab_names.index("Browse")
+
     def _on_tab(self, event) -> None:
-        name = TABS[event.new]
+        name = self.tab_names[event.new]
+        if name == "Runs":
+            return
         if name in WORKSPACE_VIEWS:
             self.view(name)
         else:
@@ -155,6 +177,10 @@ class Dashboard(pn.viewable.Viewer):
         if self.run is None:
             self.browse_area.objects = [notice("No tree open.", kind="warning")]
             return
+        if self.tab_names[self.tabs.active] == "Runs":
+            # built when the Browse tab opens: a figure built into the hidden tab could fail
+            # Bokeh's layout when shown (and the tab then did not switch)
+            return
         cat = self.workspace.runs[self.run]
         failed = self.workspace.failures.get(self.run)
         warning = [notice(f"**{md_text(self.run)}**: could not check the tree for new serials: "
@@ -168,7 +194,7 @@ class Dashboard(pn.viewable.Viewer):
             self.browse_area.objects = [
                 notice(f"**{md_text(self.run)}**: {md_error(e)}", kind="danger")
             ]
-        if TABS[self.tabs.active] != "Trajectory":
+        if self.tab_names[self.tabs.active] != "Trajectory":
             return  # built on first use: it reads values across every serial
         try:
             if self.run not in self._trajectories:
@@ -196,6 +222,8 @@ class Dashboard(pn.viewable.Viewer):
         if (stale and self.run in stale) or failures != self._failures_shown:
             self._failures_shown = failures
             self._show()
+        if refreshed and self.runs_view is not None:
+            self.runs_view.sync()
         if refreshed or new:
             self.workspace.grown += 1
         return new
@@ -259,20 +287,48 @@ def shared_catalog(url: str, executor=None) -> cv.Catalog:
     return tree_load(url, executor).result()
 
 
+def shared_experiment(url: str, executor=None):
+    """The experiment at ``url`` when it is one (a directory whose runs are below it, as
+    ``ckptview ls`` tells), else None; found and opened once for the whole server."""
+    from ckptview.experiment import experiment_at
+
+    def find():
+        try:
+            return experiment_at(url, executor=executor)
+        except Exception:  # noqa: BLE001 - not an experiment: opened as a tree (its error shown)
+            return None
+
+    return pn.state.as_cached(f"ckptview-experiment:{url}", find)
+
+
 def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 5.0,
               isolate: bool = False):  # fmt: skip
     """The served page for the trees at ``urls`` (the only roots it will open).
 
     The trees are checked for new serials every ``poll_seconds`` while a page is open (0: off).
     ``isolate``: their files (and those of trees opened from the page) are listed by the
-    server's :func:`server_executor`, in worker processes with resource limits.
+    server's :func:`server_executor`, in worker processes with resource limits. A URL that
+    holds several runs (an experiment) opens on its Runs page; a second experiment's runs
+    join the run list.
     """
     pn.extension("tabulator", notifications=True)
     executor = server_executor() if isolate else None
     workspace = Workspace(guard=Guard(roots=list(urls), allow_write=allow_write),
                           executor=executor)  # fmt: skip
     problems = []
-    loads = [tree_load(url, executor) for url in urls]
+    experiment, trees = None, []
+    for url in urls:
+        exp = shared_experiment(url, executor)
+        if exp is None:
+            trees.append(url)
+        elif experiment is None:
+            experiment = exp
+        else:
+            try:
+                add_runs(workspace, exp)
+            except Exception as e:  # noqa: BLE001 - shown on the page
+                problems.append(notice(f"{md_code(url)}: {md_error(e)}", kind="danger"))
+    loads = [tree_load(url, executor) for url in trees]
     served = is_served()
     waiting = [i for i, load in enumerate(loads) if served and not load.finished]
     pending = loads[waiting[0]:] if waiting else []  # in order: a tree waits for those before
@@ -282,7 +338,11 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
                 workspace.add(load.result())
             except Exception as e:  # noqa: BLE001 - shown on the page
                 problems.append(notice(f"{md_code(load.url)}: {md_error(e)}", kind="danger"))
-    dashboard = Dashboard(workspace, poll_seconds=poll_seconds)
+    try:
+        dashboard = Dashboard(workspace, experiment, poll_seconds=poll_seconds)
+    except Exception as e:  # noqa: BLE001 - the experiment refused (outside the roots)
+        problems.append(notice(f"{md_code(experiment.root)}: {md_error(e)}", kind="danger"))
+        dashboard = Dashboard(workspace, poll_seconds=poll_seconds)
     if served:
         dashboard.start_polling()  # served: tied to this browser session
     if not urls:
@@ -454,6 +514,8 @@ def settle(urls: list[str], executor=None) -> None:
     if pn.state.cache.get("ckptview-gc-frozen"):
         return
     for url in urls:
+        if shared_experiment(url, executor) is not None:
+            continue  # its runs were opened by finding it
         try:
             shared_catalog(url, executor)
         except Exception:  # noqa: BLE001, S112 - build_app shows it on the page

@@ -21,9 +21,9 @@ OTHER_COLOR = "#455a64"
 
 
 def _figure(title: str, xlabel: str, ylabel: str, height: int = 240, **kw) -> figure:
+    kw.setdefault("toolbar_location", "above")
     return figure(title=title, x_axis_label=xlabel, y_axis_label=ylabel, height=height,
-                  sizing_mode="stretch_width", tools=TOOLS, toolbar_location="above",
-                  **kw)  # fmt: skip
+                  sizing_mode="stretch_width", tools=TOOLS, **kw)  # fmt: skip
 
 
 def blank(message: str) -> figure:
