@@ -33,6 +33,27 @@ CELLS = """(root) => {
   return out;
 }"""
 
+#: the pieces of names (the text between the ``<wbr>`` the name formatter puts after each
+#: ``/`` and ``.``) under ``root`` that the browser broke over more than one line
+BROKEN_PIECES = """(root) => {
+  const out = [];
+  const walk = (node) => {
+    for (const span of node.querySelectorAll('.cv-name')) {
+      for (const piece of span.childNodes) {
+        if (piece.nodeType !== Node.TEXT_NODE || !piece.textContent) continue;
+        const range = document.createRange();
+        range.selectNodeContents(piece);
+        const lines = new Set([...range.getClientRects()].filter((r) => r.width > 0)
+                              .map((r) => Math.round(r.top)));
+        if (lines.size > 1) out.push(piece.textContent);
+      }
+    }
+    for (const e of node.querySelectorAll('*')) if (e.shadowRoot) walk(e.shadowRoot);
+  };
+  walk(root.shadowRoot || root);
+  return out;
+}"""
+
 #: the luminance of an element's own background colour over the page's (``base``, 0..255
 #: grey; 0 black … 1 white; -1 transparent)
 LUMINANCE = """([e, base]) => {
@@ -74,6 +95,8 @@ def check_whole(page: Page, selector: str, field: str, shot: str) -> list[dict]:
     assert names, f"no {field} cells under {selector}"
     cut = [c["text"] for c in cells if not c["fits"] and c["field"] not in (None, "_index")]
     assert not cut, f"cut in {selector}: {cut[:5]}"
+    broken = page.locator(selector).first.evaluate(BROKEN_PIECES)
+    assert not broken, f"names broken mid-word in {selector}: {broken[:5]}"
     return names
 
 
@@ -86,19 +109,25 @@ def test_variables_names_whole_and_empty_columns_hidden(themed: Page):
     assert widths["name"] >= 380 and widths["node"] <= 90, widths
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29 item 6: the 'top_panel' page error after "
-                   "Compare -> Browse -> a variable is not fixed yet")
 def test_compare_names_whole_then_browse_click_has_no_page_error(themed: Page):
+    """Compare's names whole, none broken mid-word (the longest piece,
+    ``num_floating_point_operations_so_far``, on one line); back on Browse (its tab built
+    again, the timeline plot with it) a click on a variable throws no page error."""
     themed.get_by_role("tab", name="Compare").click()
     themed.locator(".ckptview-compare-button button").click()
     expect(themed.locator(".ckptview-diff .tabulator-row").first).to_be_visible(timeout=WAIT)
-    check_whole(themed, ".ckptview-diff", "name", "compare")
+    names = check_whole(themed, ".ckptview-diff", "name", "compare")
+    assert any("num_floating_point_operations_so_far" in c["text"] for c in names)
+    width = themed.locator(".ckptview-diff .tabulator-col[tabulator-field=name]").first
+    assert width.bounding_box()["width"] >= 240, width.bounding_box()  # the longest piece: ~238
     themed.get_by_role("tab", name="Browse").click()
     row = themed.locator(".ckptview-variables .tabulator-row").first
     expect(row).to_be_visible(timeout=WAIT)
     row.click()
     themed.wait_for_timeout(2000)
     assert themed.errors == [], themed.errors  # type: ignore[attr-defined]
+    plot = themed.locator(".ckptview-timeline canvas").first  # drawn again, not left blank
+    assert plot.bounding_box()["width"] > 300 and plot.bounding_box()["height"] > 100
 
 
 def test_serials_badges_and_headers_whole(themed: Page):

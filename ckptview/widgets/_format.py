@@ -125,22 +125,34 @@ def badge(status: str) -> str:
 CHAR_PX = 7.6
 HEADER_PAD = 34
 CELL_PAD = 16
+#: a header's padding and sort arrow as measured in Chromium (30 px; the estimate above has
+#: room to spare, which a table of many short columns beside a long name cannot afford)
+SNUG_HEADER_PAD = 31
 
 
-def fit_width(values, title: str = "", lo: int = 48, hi: int = 320) -> int:
+def fit_width(values, title: str = "", lo: int = 48, hi: int = 320, snug: bool = False) -> int:
     """Pixels a table column needs for its longest value and its whole title (never cut),
-    within ``lo``..``hi`` (a longer value wraps)."""
+    within ``lo``..``hi`` (a longer value wraps); ``snug``: the title measured tightly."""
     longest = max((len(str(v)) for v in values if v is not None), default=0)
-    need = max(longest * CHAR_PX + CELL_PAD, len(str(title)) * CHAR_PX + HEADER_PAD)
+    pad = SNUG_HEADER_PAD if snug else HEADER_PAD
+    need = max(longest * CHAR_PX + CELL_PAD, len(str(title)) * CHAR_PX + pad)
     return int(min(max(need, lo), hi))
 
 
 def fit_widths(frame: pd.DataFrame, columns, titles: dict | None = None,
-               hi: int = 320) -> dict[str, int]:  # fmt: skip
+               hi: int = 320, snug: bool = False) -> dict[str, int]:  # fmt: skip
     """:func:`fit_width` of each of ``columns`` in ``frame`` (title: ``titles`` or the name)."""
     titles = titles or {}
-    return {c: fit_width(frame.get(c, []), titles.get(c, c), hi=hi)
+    return {c: fit_width(frame.get(c, []), titles.get(c, c), hi=hi, snug=snug)
             for c in columns}  # fmt: skip
+
+
+def badge_width(statuses, title: str = "status") -> int:
+    """Pixels a column of :func:`badge` chips needs for the longest of ``statuses`` whole
+    (12 px text, 8 px padding a side) and its title; at most :data:`BADGE_WIDTH`."""
+    longest = max((len(str(s)) for s in statuses), default=0)
+    need = max(longest * 7.0 + 30, len(title) * CHAR_PX + SNUG_HEADER_PAD)
+    return int(min(need, BADGE_WIDTH))
 
 
 def metrics_wide(cat) -> pd.DataFrame:

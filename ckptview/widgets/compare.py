@@ -15,6 +15,7 @@ from ._base import Workspace, as_workspace, form_row, in_background, name_format
 from ._format import (
     BADGE_WIDTH,
     badge,
+    badge_width,
     fit_widths,
     fmt_cosine,
     fmt_number,
@@ -35,9 +36,13 @@ FITTED = ["node", "shape", *NUMBERS]
 
 
 def diff_widths(shown: pd.DataFrame) -> dict:
-    """Column widths for the diff table: the status badge whole, the short columns fitted,
-    the error a fixed share (it wraps); the name is left the rest of the row."""
-    return {**DIFF_WIDTHS, **fit_widths(shown, FITTED, hi=200), "error": 220}
+    """Column widths for the diff table: the status badges and the short columns snugly
+    whole, the error a fixed share (it wraps); the name is left the rest of the row (at
+    1280 px, ~250 px: room for the longest piece of a Megatron name, ~240 px, whole)."""
+    return {**DIFF_WIDTHS, "status": badge_width(shown.get("status", [])),
+            **fit_widths(shown, FITTED, hi=200, snug=True), "error": 220}  # fmt: skip
+
+
 PLOT_LIMIT = 16 << 20  # values read at once for the difference plots
 
 

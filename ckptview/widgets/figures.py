@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from bokeh.models import BasicTicker, ColumnDataSource, HoverTool, Legend, PrintfTickFormatter
+from bokeh.models import (
+    BasicTicker,
+    ColumnDataSource,
+    CustomJS,
+    HoverTool,
+    Legend,
+    PrintfTickFormatter,
+)
 from bokeh.plotting import figure
 
 from ._format import STATUS_COLORS
@@ -20,10 +27,42 @@ KIND_COLORS = {"model": "#1565c0", "optimizer": "#c62828", "scheduler": "#6a1b9a
 OTHER_COLOR = "#455a64"
 
 
+#: BokehJS lays out every plot below a container that resizes (``PlotView._measure_layout``
+#: and ``_after_layout``), even a plot view built but not drawn yet, which has no layout: a tab
+#: of ``panel_material_ui.Tabs(dynamic=True)`` shown again (Compare -> Browse) builds its
+#: content's views at once and draws them a moment later, and the tabs resizing in between
+#: threw "Cannot read properties of undefined (reading 'top_panel')" (panel-material-ui issue
+#: 548). Once a plot has been laid out, this makes both skip a plot not drawn yet (drawing a
+#: plot lays it out anyway).
+LAYOUT_GUARD_JS = """
+for (const name of ["_measure_layout", "_after_layout"]) {
+  let base = cb_obj.default_view && cb_obj.default_view.prototype;
+  while (base && !Object.prototype.hasOwnProperty.call(base, name)) {
+    base = Object.getPrototypeOf(base);
+  }
+  const original = base && base[name];
+  if (original && !original._ckptview_guarded) {
+    const guarded = function () {
+      if (this.layout != null) return original.call(this);
+    };
+    guarded._ckptview_guarded = true;
+    base[name] = guarded;
+  }
+}
+"""
+
+
+def guard_layout(fig) -> None:
+    """Make ``fig`` install :data:`LAYOUT_GUARD_JS` in the page once it is laid out."""
+    fig.js_on_change("inner_width", CustomJS(code=LAYOUT_GUARD_JS))
+
+
 def _figure(title: str, xlabel: str, ylabel: str, height: int = 240, **kw) -> figure:
     kw.setdefault("toolbar_location", "above")
-    return figure(title=title, x_axis_label=xlabel, y_axis_label=ylabel, height=height,
-                  sizing_mode="stretch_width", tools=TOOLS, **kw)  # fmt: skip
+    fig = figure(title=title, x_axis_label=xlabel, y_axis_label=ylabel, height=height,
+                 sizing_mode="stretch_width", tools=TOOLS, **kw)  # fmt: skip
+    guard_layout(fig)
+    return fig
 
 
 def blank(message: str) -> figure:
