@@ -14,6 +14,8 @@ import pytest
 
 import ckptview as cv
 from ckptview.engine import health as H
+from ckptview.engine import kept as K
+from ckptview.engine.kept import KEPT
 from ckptview.scan.cache import HeaderCache
 
 SHAPES = {"fc1.weight": (48, 24), "fc1.bias": (24,), "fc2.weight": (12, 48), "out.weight": (8, 12)}
@@ -268,6 +270,7 @@ def test_reopen_reads_no_values_and_growth_reads_new_files(tmp_path):
     last = written[400]
     grown = {k: v + np.float32(0.01) for k, v in last.items()}
     new_file = write_serial(root, 500, grown)
+    KEPT.clear()  # a fresh process: no values kept in memory either
     third = cv.open(root, cache=HeaderCache(cache_dir))
     assert 500 in third.serials.index
     before = third.storage.counters.bytes_read
@@ -283,6 +286,76 @@ def test_reopen_reads_no_values_and_growth_reads_new_files(tmp_path):
     )
     assert row["update_rel"] == pytest.approx(want, rel=1e-9)
     pd.testing.assert_frame_equal(h3[h3["serial"] < 500].reset_index(drop=True), h1)
+
+
+def _update(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(f64(b) - f64(a)) / np.linalg.norm(f64(a)))
+
+
+def test_live_run_reads_only_the_new_serial(tmp_path):
+    """A live run (refresh, then health): the newest serial's values were kept in memory by
+    the last call, so the serial that lands is read alone, and update_rel is still exact."""
+    root = tmp_path / "run"
+    written = write_run(root, n=3)
+    cat = cv.open(root, cache=HeaderCache(tmp_path / "cache"))
+    h1 = cat.health()
+    assert KEPT.nbytes >= sum(v.nbytes for v in written[300].values())
+    grown = {k: v + np.float32(0.02) for k, v in written[300].items()}
+    new_file = write_serial(root, 400, grown)
+    cat.refresh()
+    assert 400 in cat.variables["serial"].values  # headers read (the new file's), not counted
+    before = cat.storage.counters.bytes_read
+    h2 = cat.health()
+    read = cat.storage.counters.bytes_read - before
+    values = sum(v.nbytes for v in grown.values())
+    assert read == values < new_file.stat().st_size  # the new serial's values, nothing else
+    for name in SHAPES:
+        row = h2.query("serial == 400 and name == @name").iloc[0]
+        assert row["update_rel"] == pytest.approx(_update(written[300][name], grown[name]), rel=1e-9)
+    pd.testing.assert_frame_equal(h2[h2["serial"] < 400].reset_index(drop=True), h1)
+
+
+def test_kept_values_off_or_stale_are_not_used(tmp_path, monkeypatch):
+    root = tmp_path / "run"
+    written = write_run(root, n=2)
+    cat = cv.open(root, cache=HeaderCache(tmp_path / "cache"))
+    cat.health()
+    # the kept serial 200 is rewritten (another identity): its new values are read
+    rng = np.random.default_rng(9)
+    changed = {k: rng.normal(size=s).astype(np.float32) for k, s in SHAPES.items()}
+    write_serial(root, 200, changed)
+    age(root / "step_200.npz", 300)
+    nxt = {k: v + np.float32(0.01) for k, v in changed.items()}
+    write_serial(root, 300, nxt)
+    cat.refresh()
+    h = cat.health()
+    row = h.query("serial == 300 and name == 'fc1.weight'").iloc[0]
+    assert row["update_rel"] == pytest.approx(_update(changed["fc1.weight"], nxt["fc1.weight"]), rel=1e-9)
+    assert written[200]["fc1.weight"][0, 0] != changed["fc1.weight"][0, 0]
+    # KEEP_BYTES = 0: nothing kept, the predecessor is read again
+    monkeypatch.setattr(K, "KEEP_BYTES", 0)
+    KEPT.clear()
+    last = write_serial(root, 400, {k: v + np.float32(0.01) for k, v in nxt.items()})
+    cat.refresh()
+    assert 400 in cat.variables["serial"].values
+    before = cat.storage.counters.bytes_read
+    cat.health()
+    assert KEPT.nbytes == 0
+    read = cat.storage.counters.bytes_read - before
+    assert read == 2 * sum(v.nbytes for v in nxt.values())  # the new serial and serial 300
+    assert read <= last.stat().st_size + (root / "step_300.npz").stat().st_size
+
+
+def test_kept_store_is_bounded():
+    store = K.KeptValues(budget=1000)
+    a, b, c = (np.zeros(100, np.float32) for _ in range(3))  # 400 bytes each
+    assert store.put("x", "x1", a) and store.put("y", "y1", b)
+    assert store.put("x", "x2", c)  # x's older entry goes first
+    assert store.get("x1") is None and store.get("x2") is c and store.nbytes == 800
+    assert store.put("z", "z1", np.zeros(100, np.float32))  # over budget: y (least recent) goes
+    assert store.get("y1") is None and store.nbytes == 800
+    assert not store.put("w", "w1", np.zeros(1000, np.float32))  # larger than the budget
+    assert not c.flags.writeable
 
 
 def test_changed_file_is_measured_again(tmp_path):

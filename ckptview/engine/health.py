@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from ..dtypes import itemsize
 from ..scan.cache import FORMAT, CacheKey, HeaderCache
 from ..scan.core import Scan
 from .diff import DiffAccumulator, _ReadAhead
+from .kept import KEPT
 from .stats import CHUNK_BYTES, bounded_map
 
 HEALTH_STATS = ["l2", "rms", "max_abs", "n_nan", "n_inf"]
@@ -215,13 +216,19 @@ def _grouping(n: int, chunk_bytes: int, memory_bytes: int) -> tuple[int, int]:
 
 
 class _Lane:
-    """One serial's stream in a group: its blocks, its statistics, and why it failed."""
+    """One serial's stream in a group: its blocks, its statistics, and why it failed. With
+    ``collect`` (the variable's number of values) its values are copied as they pass, to be
+    kept for the next call (:mod:`.kept`); a stream that does not fit is not collected."""
 
-    def __init__(self, blocks: Iterator[np.ndarray] | None, stats: bool, error: str | None):
+    def __init__(self, blocks: Iterator[np.ndarray] | None, stats: bool, error: str | None,
+                 collect: int | None = None):  # fmt: skip
         self.blocks = blocks
         self.norm = NormAccumulator() if stats else None
         self.error = error
         self.done = blocks is None
+        self.collect = collect
+        self.copy: np.ndarray | None = None
+        self.filled = 0
 
     def next(self) -> np.ndarray | None:
         if self.done or self.error is not None or self.blocks is None:
@@ -232,7 +239,25 @@ class _Lane:
             self.error, x = _error(e), None
         if x is None:
             self.done = True
+        elif self.collect is not None:
+            self._collect(x)
         return x
+
+    def _collect(self, x: np.ndarray) -> None:
+        n = self.collect
+        assert n is not None
+        if self.copy is None and KEPT.fits(n * x.itemsize):
+            self.copy = np.empty(n, x.dtype)
+        if self.copy is None or x.dtype != self.copy.dtype or self.filled + x.size > n:
+            self.collect = self.copy = None
+            return
+        self.copy[self.filled : self.filled + x.size] = x
+        self.filled += x.size
+
+    def collected(self) -> np.ndarray | None:
+        """The values copied, when the stream ended whole and without error."""
+        ok = self.done and self.error is None and self.copy is not None
+        return self.copy if ok and self.filled == self.collect else None
 
 
 def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
@@ -311,13 +336,17 @@ def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
 def measure_variable(scan: Scan, node: str, name: str, wants: list[Want],
                      chunk_bytes: int = CHUNK_BYTES,
                      spectral_max_numel: int = SPECTRAL_MAX_NUMEL,
-                     memory_bytes: int = MEMORY_BYTES) -> list[dict]:  # fmt: skip
+                     memory_bytes: int = MEMORY_BYTES,
+                     held: dict[int, np.ndarray] | None = None,
+                     keep: tuple[int, Hashable, Hashable] | None = None) -> list[dict]:  # fmt: skip
     """What is asked of one variable in several serials (``wants``, in serial order), each
     serial's values read once: runs of entries chained by ``update`` are streamed side by side
     in groups (see :func:`_grouping`), re-cut into blocks of one size so every stream lines up;
     consecutive groups share one serial (read again, as the next group's predecessor). One
     dict per entry: the statistics of every entry read, ``update_rel``, ``sigma_max`` and
-    ``alpha``, ``note`` and ``error`` (a failed read: that entry's, or its predecessor's)."""
+    ``alpha``, ``note`` and ``error`` (a failed read: that entry's, or its predecessor's).
+    ``held``: serial -> values already in memory (not read); ``keep``: ``(serial, owner,
+    key)``, the serial whose values are kept in :data:`~.kept.KEPT` as they stream by."""
     outs: list[dict[str, Any]] = [{"notes": [], "error": None} for _ in wants]
     runs: list[list[int]] = []
     for i, w in enumerate(wants):
@@ -331,7 +360,7 @@ def measure_variable(scan: Scan, node: str, name: str, wants: list[Want],
             members = run[start : start + group]
             carried = start > 0  # the first member's statistics came with the group before
             _measure_group(scan, node, name, wants, members, carried, outs, chunk,
-                           spectral_max_numel, memory_bytes)  # fmt: skip
+                           spectral_max_numel, memory_bytes, held or {}, keep)  # fmt: skip
     results = []
     for w, out in zip(wants, outs):
         got: dict[str, Any] = {"note": "; ".join(out.pop("notes")) or None}
@@ -347,7 +376,8 @@ def measure_variable(scan: Scan, node: str, name: str, wants: list[Want],
 
 def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members: list[int],
                    carried: bool, outs: list[dict], chunk: int, spectral_max_numel: int,
-                   memory_bytes: int) -> None:  # fmt: skip
+                   memory_bytes: int, held: dict[int, np.ndarray],
+                   keep: tuple[int, Hashable, Hashable] | None) -> None:  # fmt: skip
     """One group of :func:`measure_variable`: spectra first (whole matrices), then every
     member's values streamed in lockstep, block by block."""
     wholes: dict[int, np.ndarray] = {}
@@ -374,6 +404,11 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
         out.update(got)
         if whole.nbytes <= share:  # small: its values are streamed from memory
             wholes[i] = whole
+    for i in members:
+        if i not in wholes and wants[i].serial in held:
+            wholes[i] = held[wants[i].serial]
+        elif i in wholes and keep is not None and keep[0] == wants[i].serial:
+            KEPT.put(keep[1], keep[2], wholes[i].reshape(-1))  # read whole for its spectrum
     streamed = [i for pos, i in enumerate(members)
                 if wants[i].stats or wants[i].update or pos + 1 < len(members)]  # fmt: skip
     if not streamed:
@@ -400,7 +435,11 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                     blocks = _blocks(source, n)
                 except Exception as e:  # noqa: BLE001 - its rows get the error
                     error = _error(e)
-            lanes.append(_Lane(blocks, stats=own and error is None, error=error))
+            collect = None
+            if keep is not None and keep[0] == w.serial and i not in wholes:
+                collect = math.prod(w.shape)
+                KEPT.release(keep[1])  # its older values are not held beside the new
+            lanes.append(_Lane(blocks, stats=own and error is None, error=error, collect=collect))
             pairs.append(DiffAccumulator() if pos > 0 and w.update else None)
         bufs = np.empty((3, NormAccumulator.BLOCK))
         while True:
@@ -428,6 +467,10 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
     finally:
         for head in heads:
             head.close()
+    for lane in lanes:
+        kept = lane.collected()
+        if kept is not None and keep is not None:
+            KEPT.put(keep[1], keep[2], kept)
     for pos, (i, lane, acc) in enumerate(zip(streamed, lanes, pairs)):
         out = outs[i]
         if lane.norm is not None:
@@ -514,6 +557,7 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
             raise KeyError(f"no floating-point variable {missing[0]!r}")
         v = v[v["name"].isin(names)]
     v = v.sort_values(["node", "name", "serial"], kind="stable")
+    newest = v.groupby(["node", "name"], sort=False)["serial"].max().to_dict()
     shifted = v.groupby(["node", "name"], sort=False)[
         ["serial", "shape", "dtype", "file", "n_shards", "quant"]].shift(1)  # fmt: skip
     if serials is not None:
@@ -528,6 +572,9 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
     rows: list[dict] = []
     # per variable: serial -> what to measure, and (its row or None, the cache keys to fill)
     plans: dict[tuple[str, str], dict[int, tuple[Want, int | None, list]]] = {}
+    held: dict[tuple[str, str], dict[int, np.ndarray]] = {}  # predecessors' values in memory
+    keeps: dict[tuple[str, str], tuple[int, Hashable, Hashable]] = {}  # the newest, to keep
+    tree_url = scan.tree.url()
     in_rows: set[tuple[str, str, int]] = set()
     columns = zip(v["serial"], v["node"], v["name"], v["kind"], v["dtype"], v["shape"],
                   v["file"], v["n_shards"], v["quant"], v["error"], shifted["serial"],
@@ -581,6 +628,12 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
         if not (need_stats or need_update or need_spec):
             continue
         plan = plans.setdefault((node, name), {})
+        if serial == newest[(node, name)] and ident is not None:
+            keeps[(node, name)] = (serial, (tree_url, node, name), ("values", node, name, ident))
+        if need_update and int(p) not in plan:
+            values = KEPT.get(("values", node, name, p_ident))
+            if values is not None:
+                held.setdefault((node, name), {})[int(p)] = values
         if need_update and int(p) not in plan:  # read as the predecessor only
             p_key = None
             if (node, name, int(p)) not in in_rows:  # outside ``serials``: keep its stats too
@@ -598,7 +651,8 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
     for (node, name), plan in plans.items():
         entries = [plan[s] for s in sorted(plan)]
         jobs.append((scan, node, name, [w for w, _, _ in entries], chunk_bytes,
-                     spectral_max_numel, MEMORY_BYTES))  # fmt: skip
+                     spectral_max_numel, MEMORY_BYTES, held.get((node, name)),
+                     keeps.get((node, name))))  # fmt: skip
         slots.append(entries)
     total = sum(i is not None for entries in slots for _, i, _ in entries)
     done = 0
