@@ -393,18 +393,46 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
              len(paths) + len(others), n_vars, s.epoch, s.step, tuple(nodes), error, loadable,
              warning)
         )  # fmt: skip
-    df = pd.DataFrame(rows, columns=["serial", *SERIAL_COLUMNS])
-    df["error"] = _none_or_str(df["error"])
-    df["warning"] = _none_or_str(df["warning"])
-    df["timestamp"] = pd.to_datetime(df["timestamp"], utc=True).astype("datetime64[ns, UTC]")
-    df = df.astype({"serial": "int64", "nbytes": "int64", "n_files": "int64",
-                    "n_variables": "int64", "epoch": "Int64", "step": "Int64",
-                    "loadable": "bool", "complete": "bool", "latest": "bool"})  # fmt: skip
-    df = df.set_index("serial").sort_index()
+    df = _serials_frame(rows)
     latest = latest_from(df, found)
     if latest is not None:
         df.loc[latest, "latest"] = True
     return df
+
+
+def _serials_frame(rows: list[tuple]) -> pd.DataFrame:
+    """The serials table from its rows (serial first, then :data:`SERIAL_COLUMNS`), each
+    column built with its dtype at once (a run's table is built on every open: no
+    ``astype`` pass over a generic frame)."""
+    cols = list(zip(*rows)) if rows else [()] * (len(SERIAL_COLUMNS) + 1)
+    (serial, path, complete, latest, stamp, nbytes, n_files, n_vars, epoch, step, nodes,
+     error, loadable, warning) = cols  # fmt: skip
+
+    def objects(values: tuple, strings: bool = False) -> np.ndarray:
+        out = np.empty(len(values), dtype=object)
+        for i, v in enumerate(values):  # one by one: a tuple (nodes) is one value
+            out[i] = v if not strings or isinstance(v, str) else None
+        return out
+
+    index = pd.Index(np.array(serial, dtype=np.int64), name="serial")
+    stamps = pd.to_datetime(pd.Series(stamp, dtype=object), utc=True)
+    data = {
+        "path": objects(path),
+        "complete": np.array(complete, dtype=bool),
+        "latest": np.array(latest, dtype=bool),
+        "timestamp": stamps.astype("datetime64[ns, UTC]").array,
+        "nbytes": np.array(nbytes, dtype=np.int64),
+        "n_files": np.array(n_files, dtype=np.int64),
+        "n_variables": np.array(n_vars, dtype=np.int64),
+        "epoch": pd.array(list(epoch), dtype="Int64"),
+        "step": pd.array(list(step), dtype="Int64"),
+        "nodes": objects(nodes),
+        "error": pd.Series(objects(error, strings=True), index=index, dtype=object),
+        "loadable": np.array(loadable, dtype=bool),
+        "warning": pd.Series(objects(warning, strings=True), index=index, dtype=object),
+    }
+    df = pd.DataFrame(data, index=index, columns=SERIAL_COLUMNS, copy=False)
+    return df if index.is_monotonic_increasing else df.sort_index()
 
 
 def latest_from(df: pd.DataFrame, found: TreeScan) -> int | None:
