@@ -13,8 +13,9 @@ open uses ``cache=False`` (no header is served from a previous open):
   ``.variables`` (every header listed and tabled);
 - ``experiment``: ``cv.open_experiment(root, cache=False)``, then ``.runs`` and ``.serials``.
 
-``in flight`` is the number of runs ``open_experiment`` opens at once: its private pool's
-workers (``ckptview.experiment.RUN_WORKERS``, capped at the number of runs). The goal (issue
+``in flight`` is the number of runs ``open_experiment`` opens at once
+(``ckptview.experiment.runs_in_flight``): one after another on local disk (Python work that
+threads cannot overlap), ``RUN_WORKERS`` = 8 on a remote store (capped at the number of runs). The goal (issue
 27) is ``experiment <= 1.5 x single x runs / in flight``; ``vs serial`` is the experiment over
 ``single x runs`` (1.0: no gain from the pool). ``cpu`` is the process's user + system time
 over the timed region (all threads): on a busy, shared machine wall time swings with the load,
@@ -90,7 +91,7 @@ def case(kind: str, root: str, target: str, warm: str, options: str | None = Non
     import pandas  # noqa: F401 - ckptview's own import, outside the timed region
 
     import ckptview as cv
-    from ckptview.experiment import RUN_WORKERS
+    from ckptview.experiment import runs_in_flight
 
     opts = json.loads(options) if options else None
     w = cv.open(warm, cache=False, storage_options=opts)  # pays the lazy imports (codec, layout, tables)
@@ -119,7 +120,7 @@ def case(kind: str, root: str, target: str, warm: str, options: str | None = Non
         n = len(exp.serials)
         out = {"runs": len(runs), "serials": n, "errors": int(runs["error"].notna().sum())}
     return {"seconds": time.perf_counter() - t0, "cpu": cpu_seconds() - c0,
-            "workers": RUN_WORKERS, **out}  # fmt: skip
+            "workers": runs_in_flight([root], opts, None), **out}  # fmt: skip
 
 
 def run(kind: str, root: Path | str, target: Path | str, warm: Path | str, repeat: int,

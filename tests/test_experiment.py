@@ -307,6 +307,35 @@ def test_opening_is_concurrent_and_bounded(sweep):
     assert np.diff([d for d, _ in seen]).min() == 1
 
 
+def test_runs_in_flight_local_one_by_one_remote_on_the_pool(sweep, monkeypatch):
+    """Local runs are opened one after another (Python work threads cannot overlap); a
+    remote store (here memory://) or an executor gets the pool."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckptview import experiment as E
+
+    assert E.runs_in_flight([str(sweep / "hf"), str(sweep / "tf")], None, None) == 1
+    assert E.runs_in_flight([str(sweep / "hf"), "memory://sweep/x"], None, None) == E.RUN_WORKERS
+    with ThreadPoolExecutor(2) as pool:
+        assert E.runs_in_flight([str(sweep / "hf")], None, pool) == E.RUN_WORKERS
+    threads = set()
+    real = E._open_one
+
+    def spy(*args):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(E, "_open_one", spy)
+    seen = []
+    exp = cv.open_experiment(sweep, progress=lambda d, t: seen.append((d, t)))
+    assert threads == {"MainThread"} and seen == [(i, len(exp)) for i in range(1, len(exp) + 1)]
+    threads.clear()
+    exp = cv.open_experiment({n: sweep / n for n in RUNS})
+    assert threads == {"MainThread"} and len(exp) == len(RUNS)
+
+
 def test_health_over_an_experiment_names_each_runs_first_anomaly(tmp_path):
     """DESIGN.md §3e over §3d: the demo sweep's diverged run (NaN weights from its fourth
     save) has its divergence and rollback point; the healthy runs roll back to their latest."""

@@ -270,3 +270,29 @@ def test_a_tree_that_cannot_be_checked_shows_the_error_on_that_tree(s3, proxy):
     assert list(dash.workspace.runs[label].serials.index) == serials  # the last catalog stays
     proxy.reset()
     assert dash.poll() == [] and error_notes() == [] and not dash.workspace.failures
+
+
+def test_s3_experiment_equals_each_local_run(s3, proxy):
+    """The bucket holding the five trees is an experiment: each run as its local catalog,
+    runs opened several at once on the pool (a remote store), headers ranged."""
+    from s3server import set_delay
+
+    set_delay(proxy, 0.05, ("GET", "HEAD"))
+    exp = cv.open_experiment(f"s3://{s3['bucket']}", cache=False,
+                             storage_options=storage_options(proxy.endpoint))  # fmt: skip
+    runs = exp.runs
+    assert sorted(runs.index) == sorted(TREES)
+    assert runs["error"].isna().all()
+    for rel in TREES:
+        local = cv.open(corpus_path(rel), cache=False)
+        row = runs.loc[rel]
+        assert row["layout"] == local.layout
+        assert row["n_serials"] == len(local.serials)
+        assert row["latest"] == local.latest
+        assert row["nbytes"] == int(local.serials["nbytes"].sum())
+        s_s3, _ = facts(exp[rel])
+        s_local, _ = facts(local)
+        pd.testing.assert_frame_equal(s_s3, s_local)
+    gets = object_gets(proxy, s3["bucket"])
+    assert gets and all(e.range for e in gets)
+    assert proxy.state.max_inflight > 1  # runs and their headers overlap
