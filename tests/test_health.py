@@ -315,6 +315,24 @@ def test_live_run_reads_only_the_new_serial(tmp_path):
     pd.testing.assert_frame_equal(h2[h2["serial"] < 400].reset_index(drop=True), h1)
 
 
+def test_kept_values_recut_to_other_chunks(tmp_path):
+    """Values kept in one call's pieces serve a call that streams other chunk sizes."""
+    root = tmp_path / "run"
+    written = write_run(root, n=2)
+    cat = cv.open(root, cache=False)
+    H.health(cat._scan, chunk_bytes=1000)  # kept in pieces of 250 values (and the last)
+    grown = {k: v * np.float32(1.01) for k, v in written[200].items()}
+    write_serial(root, 300, grown)
+    cat.refresh()
+    assert 300 in cat.variables["serial"].values
+    before = cat.storage.counters.bytes_read
+    h = H.health(cat._scan, chunk_bytes=1 << 12)
+    assert cat.storage.counters.bytes_read - before == sum(v.nbytes for v in grown.values())
+    for name in SHAPES:
+        row = h.query("serial == 300 and name == @name").iloc[0]
+        assert row["update_rel"] == pytest.approx(_update(written[200][name], grown[name]), rel=1e-9)
+
+
 def test_kept_values_off_or_stale_are_not_used(tmp_path, monkeypatch):
     root = tmp_path / "run"
     written = write_run(root, n=2)
@@ -348,14 +366,17 @@ def test_kept_values_off_or_stale_are_not_used(tmp_path, monkeypatch):
 
 def test_kept_store_is_bounded():
     store = K.KeptValues(budget=1000)
-    a, b, c = (np.zeros(100, np.float32) for _ in range(3))  # 400 bytes each
+    a, b = [np.zeros(100, np.float32)], [np.zeros(100, np.float32)]  # 400 bytes each
+    c = [np.zeros(60, np.float32), np.zeros(40, np.float32)]  # 400 bytes in two pieces
     assert store.put("x", "x1", a) and store.put("y", "y1", b)
     assert store.put("x", "x2", c)  # x's older entry goes first
     assert store.get("x1") is None and store.get("x2") is c and store.nbytes == 800
-    assert store.put("z", "z1", np.zeros(100, np.float32))  # over budget: y (least recent) goes
+    assert store.put("z", "z1", [np.zeros(100, np.float32)])  # over budget: y (least recent) goes
     assert store.get("y1") is None and store.nbytes == 800
-    assert not store.put("w", "w1", np.zeros(1000, np.float32))  # larger than the budget
-    assert not c.flags.writeable
+    assert not store.put("w", "w1", [np.zeros(1000, np.float32)])  # larger than the budget
+    assert not any(v.flags.writeable for v in c)
+    store.release("x")
+    assert store.get("x2") is None and store.nbytes == 400
 
 
 def test_changed_file_is_measured_again(tmp_path):

@@ -217,8 +217,9 @@ def _grouping(n: int, chunk_bytes: int, memory_bytes: int) -> tuple[int, int]:
 
 class _Lane:
     """One serial's stream in a group: its blocks, its statistics, and why it failed. With
-    ``collect`` (the variable's number of values) its values are copied as they pass, to be
-    kept for the next call (:mod:`.kept`); a stream that does not fit is not collected."""
+    ``collect`` (the variable's number of values) its blocks are held as they pass (no copy:
+    they are fresh arrays or views of the chunks read), to be kept for the next call
+    (:mod:`.kept`); a stream larger than the store's budget is not collected."""
 
     def __init__(self, blocks: Iterator[np.ndarray] | None, stats: bool, error: str | None,
                  collect: int | None = None):  # fmt: skip
@@ -227,8 +228,9 @@ class _Lane:
         self.error = error
         self.done = blocks is None
         self.collect = collect
-        self.copy: np.ndarray | None = None
+        self.held: list[np.ndarray] = []
         self.filled = 0
+        self.held_bytes = 0
 
     def next(self) -> np.ndarray | None:
         if self.done or self.error is not None or self.blocks is None:
@@ -246,18 +248,17 @@ class _Lane:
     def _collect(self, x: np.ndarray) -> None:
         n = self.collect
         assert n is not None
-        if self.copy is None and KEPT.fits(n * x.itemsize):
-            self.copy = np.empty(n, x.dtype)
-        if self.copy is None or x.dtype != self.copy.dtype or self.filled + x.size > n:
-            self.collect = self.copy = None
-            return
-        self.copy[self.filled : self.filled + x.size] = x
         self.filled += x.size
+        self.held_bytes += x.nbytes
+        if self.filled > n or not KEPT.fits(self.held_bytes):
+            self.collect, self.held = None, []
+            return
+        self.held.append(x)
 
-    def collected(self) -> np.ndarray | None:
-        """The values copied, when the stream ended whole and without error."""
-        ok = self.done and self.error is None and self.copy is not None
-        return self.copy if ok and self.filled == self.collect else None
+    def collected(self) -> list[np.ndarray] | None:
+        """The blocks held, when the stream ended whole and without error."""
+        ok = self.done and self.error is None and self.collect is not None
+        return self.held if ok and self.filled == self.collect else None
 
 
 def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
@@ -337,7 +338,7 @@ def measure_variable(scan: Scan, node: str, name: str, wants: list[Want],
                      chunk_bytes: int = CHUNK_BYTES,
                      spectral_max_numel: int = SPECTRAL_MAX_NUMEL,
                      memory_bytes: int = MEMORY_BYTES,
-                     held: dict[int, np.ndarray] | None = None,
+                     held: dict[int, list[np.ndarray]] | None = None,
                      keep: tuple[int, Hashable, Hashable] | None = None) -> list[dict]:  # fmt: skip
     """What is asked of one variable in several serials (``wants``, in serial order), each
     serial's values read once: runs of entries chained by ``update`` are streamed side by side
@@ -376,11 +377,12 @@ def measure_variable(scan: Scan, node: str, name: str, wants: list[Want],
 
 def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members: list[int],
                    carried: bool, outs: list[dict], chunk: int, spectral_max_numel: int,
-                   memory_bytes: int, held: dict[int, np.ndarray],
+                   memory_bytes: int, held: dict[int, list[np.ndarray]],
                    keep: tuple[int, Hashable, Hashable] | None) -> None:  # fmt: skip
     """One group of :func:`measure_variable`: spectra first (whole matrices), then every
     member's values streamed in lockstep, block by block."""
     wholes: dict[int, np.ndarray] = {}
+    kept: dict[int, list[np.ndarray]] = {}  # members whose values are held in memory
     share = memory_bytes // max(1, 2 * len(members))
     for pos, i in enumerate(members):
         w, out = wants[i], outs[i]
@@ -406,9 +408,9 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
             wholes[i] = whole
     for i in members:
         if i not in wholes and wants[i].serial in held:
-            wholes[i] = held[wants[i].serial]
+            kept[i] = held[wants[i].serial]
         elif i in wholes and keep is not None and keep[0] == wants[i].serial:
-            KEPT.put(keep[1], keep[2], wholes[i].reshape(-1))  # read whole for its spectrum
+            KEPT.put(keep[1], keep[2], [wholes[i].reshape(-1)])  # read whole for its spectrum
     streamed = [i for pos, i in enumerate(members)
                 if wants[i].stats or wants[i].update or pos + 1 < len(members)]  # fmt: skip
     if not streamed:
@@ -426,8 +428,10 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
             blocks = None
             if error is None:
                 try:
-                    if i in wholes:
-                        source: Iterable[np.ndarray] = _flat_chunks(wholes[i], chunk)
+                    if i in kept:
+                        source: Iterable[np.ndarray] = iter(kept[i])
+                    elif i in wholes:
+                        source = _flat_chunks(wholes[i], chunk)
                     else:
                         head = _ReadAhead(scan.iter_chunks(name, w.serial, node, chunk))
                         heads.append(head)
@@ -436,7 +440,7 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                 except Exception as e:  # noqa: BLE001 - its rows get the error
                     error = _error(e)
             collect = None
-            if keep is not None and keep[0] == w.serial and i not in wholes:
+            if keep is not None and keep[0] == w.serial and i not in wholes and i not in kept:
                 collect = math.prod(w.shape)
                 KEPT.release(keep[1])  # its older values are not held beside the new
             lanes.append(_Lane(blocks, stats=own and error is None, error=error, collect=collect))
@@ -468,9 +472,9 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
         for head in heads:
             head.close()
     for lane in lanes:
-        kept = lane.collected()
-        if kept is not None and keep is not None:
-            KEPT.put(keep[1], keep[2], kept)
+        values = lane.collected()
+        if values is not None and keep is not None:
+            KEPT.put(keep[1], keep[2], values)
     for pos, (i, lane, acc) in enumerate(zip(streamed, lanes, pairs)):
         out = outs[i]
         if lane.norm is not None:
@@ -572,7 +576,7 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
     rows: list[dict] = []
     # per variable: serial -> what to measure, and (its row or None, the cache keys to fill)
     plans: dict[tuple[str, str], dict[int, tuple[Want, int | None, list]]] = {}
-    held: dict[tuple[str, str], dict[int, np.ndarray]] = {}  # predecessors' values in memory
+    held: dict[tuple[str, str], dict[int, list[np.ndarray]]] = {}  # predecessors' in memory
     keeps: dict[tuple[str, str], tuple[int, Hashable, Hashable]] = {}  # the newest, to keep
     tree_url = scan.tree.url()
     in_rows: set[tuple[str, str, int]] = set()

@@ -23,13 +23,17 @@ import numpy as np
 KEEP_BYTES = 128 << 20
 
 
+Values = list[np.ndarray]
+
+
 class KeptValues:
-    """An LRU store of flat arrays by key, one entry per variable (``owner``), bounded in
-    bytes by ``budget`` (read at each :meth:`put`, so it may change at run time)."""
+    """An LRU store of values by key (a variable's flat pieces, in order: the blocks as they
+    streamed by, kept without a copy), one entry per variable (``owner``), bounded in bytes by
+    ``budget`` (read at each :meth:`put`, so it may change at run time)."""
 
     def __init__(self, budget: int | None = None) -> None:
         self._budget = budget
-        self._items: OrderedDict[Hashable, tuple[Hashable, np.ndarray]] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[Hashable, Values, int]] = OrderedDict()
         self._by_owner: dict[Hashable, Hashable] = {}
         self._bytes = 0
         self._lock = threading.Lock()
@@ -46,7 +50,7 @@ class KeptValues:
         """True when an array of ``nbytes`` may be kept at all."""
         return 0 < nbytes <= self.budget
 
-    def get(self, key: Hashable) -> np.ndarray | None:
+    def get(self, key: Hashable) -> Values | None:
         with self._lock:
             got = self._items.get(key)
             if got is None:
@@ -54,22 +58,24 @@ class KeptValues:
             self._items.move_to_end(key)
             return got[1]
 
-    def put(self, owner: Hashable, key: Hashable, values: np.ndarray) -> bool:
+    def put(self, owner: Hashable, key: Hashable, values: Values) -> bool:
         """Keep ``values`` (read-only from now on) as ``owner``'s newest under ``key``,
         replacing the owner's older entry; False when they do not fit the budget."""
-        if not self.fits(values.nbytes):
+        nbytes = sum(v.nbytes for v in values)
+        if not self.fits(nbytes):
             return False
-        values.flags.writeable = False
+        for v in values:
+            v.flags.writeable = False
         with self._lock:
             old = self._by_owner.pop(owner, None)
             if old is not None:
                 self._drop(old)
             self._drop(key)
-            while self._items and self._bytes + values.nbytes > self.budget:
+            while self._items and self._bytes + nbytes > self.budget:
                 self._drop(next(iter(self._items)))
-            self._items[key] = (owner, values)
+            self._items[key] = (owner, values, nbytes)
             self._by_owner[owner] = key
-            self._bytes += values.nbytes
+            self._bytes += nbytes
         return True
 
     def release(self, owner: Hashable) -> None:
@@ -88,8 +94,8 @@ class KeptValues:
     def _drop(self, key: Hashable) -> None:
         got = self._items.pop(key, None)
         if got is not None:
-            owner, values = got
-            self._bytes -= values.nbytes
+            owner, _, nbytes = got
+            self._bytes -= nbytes
             if self._by_owner.get(owner) == key:
                 del self._by_owner[owner]
 
