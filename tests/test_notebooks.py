@@ -14,7 +14,7 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["quickstart", "compare", "manage"]
+NAMES = ["quickstart", "compare", "manage", "experiments"]
 KERNEL = "ckptview-test"
 
 
