@@ -440,8 +440,10 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                 except Exception as e:  # noqa: BLE001 - its rows get the error
                     error = _error(e)
             collect = None
-            if keep is not None and keep[0] == w.serial and i not in wholes and i not in kept:
-                collect = math.prod(w.shape)
+            numel = math.prod(w.shape)
+            if (keep is not None and keep[0] == w.serial and i not in wholes and i not in kept
+                    and KEPT.fits(numel * _itemsize(w.dtype))):  # fmt: skip
+                collect = numel
                 KEPT.release(keep[1])  # its older values are not held beside the new
             lanes.append(_Lane(blocks, stats=own and error is None, error=error, collect=collect))
             pairs.append(DiffAccumulator() if pos > 0 and w.update else None)
