@@ -414,3 +414,24 @@ def test_large_first_updates_that_decay_are_not_a_spike(tmp_path):
     cat = cv.open(tmp_path, cache=False)
     assert cat.health_summary().loc[len(steps) + 1, "status"] == "spike"
     assert cat.rollback_point == len(steps)
+
+
+def test_a_variable_over_the_budget_is_never_collected(tmp_path, monkeypatch):
+    """Only variables that fit the kept-values budget are held as they stream (a larger one
+    is not held up to the budget and dropped: that would cost its memory for nothing)."""
+    root = tmp_path / "run"
+    write_run(root, n=2)
+    monkeypatch.setattr(K, "KEEP_BYTES", 24 * 4)  # fc1.bias (24 float32) and nothing larger
+    KEPT.clear()
+    collected = []
+    real = H._Lane._collect
+
+    def spy(self, x):
+        collected.append(x.size)
+        return real(self, x)
+
+    monkeypatch.setattr(H._Lane, "_collect", spy)
+    cv.open(root, cache=False).health()
+    assert sum(collected) == 24  # fc1.bias of the newest serial only
+    assert KEPT.nbytes == 24 * 4
+    KEPT.clear()
