@@ -34,13 +34,15 @@ CELLS = """(root) => {
 }"""
 
 #: the pieces of names (the text between the ``<wbr>`` the name formatter puts after each
-#: ``/`` and ``.``) under ``root`` that the browser broke over more than one line
+#: ``/`` and ``.``: a text node each) under ``root`` that the browser broke over more than
+#: one line
 BROKEN_PIECES = """(root) => {
   const out = [];
   const walk = (node) => {
     for (const span of node.querySelectorAll('.cv-name')) {
-      for (const piece of span.childNodes) {
-        if (piece.nodeType !== Node.TEXT_NODE || !piece.textContent) continue;
+      const texts = document.createTreeWalker(span, NodeFilter.SHOW_TEXT);
+      for (let piece = texts.nextNode(); piece; piece = texts.nextNode()) {
+        if (!piece.textContent) continue;
         const range = document.createRange();
         range.selectNodeContents(piece);
         const lines = new Set([...range.getClientRects()].filter((r) => r.width > 0)

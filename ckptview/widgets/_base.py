@@ -22,16 +22,20 @@ from ckptview.tree import Tree
 from ._format import md_problem
 from .guard import Guard
 
-#: tables in either theme: compact (more specific than the Tabulator theme's own sheet, which
-#: loads after this one), the selected row a translucent tint (its text keeps the theme's
-#: colour), long words (paths, names) broken inside their cell instead of widening it
+#: tables in either theme: compact cells, titles never ellipsized (a title of several words
+#: wraps at its spaces), the selected row a translucent tint (its text keeps the theme's
+#: colour), long words (paths, names) broken inside their cell instead of widening it. The
+#: selectors outrank the Tabulator theme's and the Material design's own (``_format``'s
+#: column widths count on these paddings: ``CELL_PAD``, ``HEADER_PAD``)
 TABLE_CSS = """
 .pnx-tabulator.tabulator { font-size: 13px; max-width: 100%; }
 .pnx-tabulator .tabulator-header .tabulator-col { font-size: 13px; }
-.pnx-tabulator .tabulator-row .tabulator-cell { padding: 4px 6px; overflow-wrap: anywhere; }
-.pnx-tabulator .tabulator-col .tabulator-col-title { white-space: normal; text-overflow: clip;
-  overflow-wrap: normal; }
+.pnx-tabulator.tabulator .tabulator-tableholder .tabulator-table .tabulator-row
+  .tabulator-cell.tabulator-cell { padding: 4px 6px; overflow-wrap: anywhere; }
+.pnx-tabulator.tabulator .tabulator-header .tabulator-col .tabulator-col-content
+  .tabulator-col-title { white-space: normal; text-overflow: clip; overflow-wrap: normal; }
 .pnx-tabulator .cv-name { white-space: normal; overflow-wrap: anywhere; }
+.pnx-tabulator .cv-name > span { white-space: nowrap; }
 .tabulator-row.tabulator-selected { background-color: rgba(33, 150, 243, 0.28) !important;
   color: var(--panel-on-background-color, inherit) !important; }
 """
@@ -55,6 +59,35 @@ def share_formatter():
     return HTMLTemplateFormatter(template=SHARE_FORMATTER_TEMPLATE)
 
 
+#: a filled primary button's text in the colour its design pairs with the fill (Bokeh's own is
+#: always white: white on the light blue primary of JupyterLab's dark theme)
+BUTTON_CSS = """
+:host(.solid) .bk-btn.bk-btn-primary { color: var(--button-primary-text-color, #fff); }
+"""
+
+
+def table_font() -> str:
+    """The font the tables are measured in (``_format.FONTS``): the dashboard's, served;
+    else the widest of the usual UI fonts (a notebook's tables take its host's UI font)."""
+    return "roboto" if served() else "wide"
+
+
+def set_min_width(tab: pn.widgets.Tabulator, field: str, px: int) -> None:
+    """Keep ``field``'s column at least ``px`` wide (on a page narrower than its columns need
+    the table scrolls sideways). Panel takes Tabulator column options from the configuration
+    given when the table was made (``_configuration``, sent again with every column change);
+    only a new ``px`` sends it."""
+    config = getattr(tab, "_configuration", None)
+    if not isinstance(config, dict):
+        return  # a Panel without per-column options: the widths alone
+    columns = [dict(c) for c in config.get("columns", [])]
+    if any(c.get("field") == field and c.get("minWidth") == int(px) for c in columns):
+        return
+    columns = [c for c in columns if c.get("field") != field]
+    tab._configuration = {**config, "columns": [*columns, {"field": field, "minWidth": int(px)}]}
+    tab.param.trigger("widths")  # the columns, and with them the configuration, sent again
+
+
 def form_row(*items, **kwargs) -> pn.FlexBox:
     """A row of form widgets that wraps onto more lines when the page is narrow."""
     kwargs.setdefault("sizing_mode", "stretch_width")
@@ -72,11 +105,14 @@ SIZE_FORMATTER_TEMPLATE = (
 )
 
 
-#: a name as text that wraps after its path separators (``/`` and ``.``) before anywhere else
+#: a name as text that wraps after its path separators (``/`` and ``.``) only: each piece up
+#: to a separator is a span that never wraps (a browser would break ``model-parallel-rng``
+#: after a hyphen first), the name column is as wide as its widest piece (``set_min_width``)
 NAME_FORMATTER_TEMPLATE = (
-    "<span class=\"cv-name\"><%= String(value === null || value === undefined ? '' : value)"
+    "<span class=\"cv-name\"><span><%= String(value === null || value === undefined ? '' : value)"
     ".replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;')"
-    ".replace(/\"/g, '&quot;').replace(/'/g, '&#39;').replace(/([\\/.])/g, '$1<wbr>') %></span>"
+    ".replace(/\"/g, '&quot;').replace(/'/g, '&#39;')"
+    ".replace(/([\\/.])/g, '$1</span><wbr><span>') %></span></span>"
 )
 
 

@@ -6,6 +6,7 @@ Pure pandas/numpy (no panel import), so they are cheap to unit-test.
 
 from __future__ import annotations
 
+import heapq
 import html
 import math
 import re
@@ -121,38 +122,123 @@ def badge(status: str) -> str:
     )
 
 
-#: average glyph width of the tables' 13 px font, and a header's padding and sort arrow
-CHAR_PX = 7.6
-HEADER_PAD = 34
-CELL_PAD = 16
-#: a header's padding and sort arrow as measured in Chromium (30 px; the estimate above has
-#: room to spare, which a table of many short columns beside a long name cannot afford)
-SNUG_HEADER_PAD = 31
+#: the fonts the tables are measured in: ``"roboto"``, the dashboard's (Roboto, served with
+#: panel-material-ui), and ``"wide"``, DejaVu Sans, the widest of the usual UI fonts (the
+#: Linux default): a notebook's tables take the host's UI font (JupyterLab's ``system-ui``:
+#: DejaVu Sans, Segoe UI, San Francisco …), so they are measured as the widest of them
+FONTS = ("roboto", "wide")
+#: the characters of :data:`GLYPHS` after printable ASCII (space to ``~``)
+GLYPH_EXTRA = "×→−…·"
+#: advance widths in thousandths of an em (rounded up) of printable ASCII then
+#: :data:`GLYPH_EXTRA`, per (font, bold); any other character is taken as 1 em
+GLYPHS: dict[tuple[str, bool], tuple[int, ...]] = {
+    ("roboto", False): (
+        249, 258, 321, 616, 563, 733, 623, 175, 343, 349, 431, 568, 197, 277, 264, 413, 563, 563,
+        563, 563, 563, 563, 563, 563, 563, 563, 243, 212, 509, 549, 523, 473, 898, 653, 624, 651,
+        657, 569, 553, 682, 714, 272, 552, 628, 539, 874, 714, 688, 631, 688, 617, 594, 597, 649,
+        637, 888, 627, 601, 600, 266, 411, 266, 418, 452, 310, 544, 562, 524, 564, 531, 348, 562,
+        551, 244, 240, 507, 244, 877, 553, 571, 562, 569, 339, 517, 328, 552, 485, 752, 497, 474,
+        497, 339, 245, 339, 681, 534, 444, 572, 669, 262
+    ),
+    ("roboto", True): (
+        249, 271, 319, 593, 574, 740, 658, 162, 350, 352, 455, 545, 247, 395, 291, 372, 574, 574,
+        574, 574, 574, 574, 574, 574, 574, 574, 282, 264, 510, 574, 517, 498, 897, 672, 639, 655,
+        650, 563, 549, 682, 707, 293, 559, 636, 542, 876, 706, 690, 645, 690, 641, 616, 620, 660,
+        654, 875, 635, 620, 607, 277, 422, 277, 438, 445, 331, 536, 563, 521, 563, 541, 358, 572,
+        561, 265, 261, 535, 265, 867, 561, 565, 563, 564, 367, 514, 339, 561, 507, 735, 509, 504,
+        509, 330, 252, 330, 648, 531, 444, 555, 741, 302
+    ),
+    ("wide", False): (
+        318, 401, 460, 838, 637, 951, 780, 275, 391, 391, 500, 838, 318, 361, 318, 337, 637, 637,
+        637, 637, 637, 637, 637, 637, 637, 637, 337, 337, 838, 838, 838, 531, 1000, 685, 687, 699,
+        771, 632, 576, 775, 752, 295, 295, 656, 558, 863, 749, 788, 604, 788, 695, 635, 611, 732,
+        685, 989, 686, 611, 686, 391, 337, 391, 838, 500, 500, 613, 635, 550, 635, 616, 353, 635,
+        634, 278, 278, 580, 278, 975, 634, 612, 635, 635, 412, 521, 393, 634, 592, 818, 592, 592,
+        525, 637, 337, 637, 838, 838, 838, 838, 1000, 318
+    ),
+    ("wide", True): (
+        349, 457, 521, 838, 696, 1002, 873, 307, 458, 458, 523, 838, 380, 416, 380, 366, 696, 696,
+        696, 696, 696, 696, 696, 696, 696, 696, 400, 400, 838, 838, 838, 581, 1000, 774, 763, 734,
+        831, 684, 684, 821, 837, 373, 373, 775, 638, 996, 837, 851, 733, 851, 771, 721, 683, 813,
+        774, 1104, 771, 725, 726, 458, 366, 458, 838, 500, 500, 675, 716, 593, 716, 679, 436, 716,
+        712, 343, 343, 666, 343, 1042, 712, 688, 716, 716, 494, 596, 479, 712, 652, 924, 646, 652,
+        583, 712, 366, 712, 838, 838, 838, 838, 1000, 380
+    ),
+}  # fmt: skip
+
+#: the tables' text (13 px; a header's title bold) and a status badge's (12 px)
+FONT_PX = 13
+BADGE_PX = 12
+#: a cell's padding (6 px a side, ``_base.TABLE_CSS``), its border and 1 px to spare
+CELL_PAD = 14
+#: a header's padding (10 px a side), its sort arrow's room (10 px), border and 1 px to spare
+HEADER_PAD = 32
+#: a badge's own padding (8 px a side)
+BADGE_PAD = 16
+#: pixels a title of several words may widen its column by to stay on one line
+TITLE_SLACK = 24
 
 
-def fit_width(values, title: str = "", lo: int = 48, hi: int = 320, snug: bool = False) -> int:
-    """Pixels a table column needs for its longest value and its whole title (never cut),
-    within ``lo``..``hi`` (a longer value wraps); ``snug``: the title measured tightly."""
-    longest = max((len(str(v)) for v in values if v is not None), default=0)
-    pad = SNUG_HEADER_PAD if snug else HEADER_PAD
-    need = max(longest * CHAR_PX + CELL_PAD, len(str(title)) * CHAR_PX + pad)
-    return int(min(max(need, lo), hi))
+def text_px(text, font: str = "wide", bold: bool = False, size: int = FONT_PX) -> float:
+    """The width in pixels of ``text`` set in ``font`` (one of :data:`FONTS`) at ``size``."""
+    table = GLYPHS[(font, bool(bold))]
+    total = 0
+    for ch in str(text):
+        code = ord(ch)
+        if 32 <= code < 127:
+            total += table[code - 32]
+        else:
+            at = GLYPH_EXTRA.find(ch)
+            total += table[95 + at] if at >= 0 else 1000
+    return total * size / 1000
+
+
+def widest(texts, font: str = "wide", bold: bool = False, size: int = FONT_PX) -> float:
+    """:func:`text_px` of the widest of ``texts`` (measured: the 64 longest distinct ones)."""
+    distinct = {str(t) for t in texts if t is not None}
+    longest = heapq.nlargest(64, distinct, key=len)
+    return max((text_px(t, font, bold, size) for t in longest), default=0.0)
+
+
+def fit_width(values, title: str = "", lo: int = 48, hi: int = 320, font: str = "wide") -> int:
+    """Pixels a table column needs for its widest value and its whole title (never cut),
+    within ``lo``..``hi`` (a wider value wraps). A title of several words takes one line
+    unless that widens the column by more than :data:`TITLE_SLACK`; it then wraps at spaces."""
+    values_px = max(widest(values, font) + CELL_PAD, lo)
+    title_px = text_px(title, font, bold=True) + HEADER_PAD
+    if " " in str(title) and title_px > values_px + TITLE_SLACK:
+        title_px = widest(str(title).split(), font, bold=True) + HEADER_PAD
+    return int(min(max(values_px, title_px), hi) + 0.999)
 
 
 def fit_widths(frame: pd.DataFrame, columns, titles: dict | None = None,
-               hi: int = 320, snug: bool = False) -> dict[str, int]:  # fmt: skip
+               hi: int = 320, font: str = "wide") -> dict[str, int]:  # fmt: skip
     """:func:`fit_width` of each of ``columns`` in ``frame`` (title: ``titles`` or the name)."""
     titles = titles or {}
-    return {c: fit_width(frame.get(c, []), titles.get(c, c), hi=hi, snug=snug)
+    return {c: fit_width(frame.get(c, []), titles.get(c, c), hi=hi, font=font)
             for c in columns}  # fmt: skip
 
 
-def badge_width(statuses, title: str = "status") -> int:
-    """Pixels a column of :func:`badge` chips needs for the longest of ``statuses`` whole
+def badge_width(statuses, title: str = "status", font: str = "wide") -> int:
+    """Pixels a column of :func:`badge` chips needs for the widest of ``statuses`` whole
     (12 px text, 8 px padding a side) and its title; at most :data:`BADGE_WIDTH`."""
-    longest = max((len(str(s)) for s in statuses), default=0)
-    need = max(longest * 7.0 + 30, len(title) * CHAR_PX + SNUG_HEADER_PAD)
-    return int(min(need, BADGE_WIDTH))
+    need = max(widest(statuses, font, size=BADGE_PX) + BADGE_PAD + CELL_PAD,
+               text_px(title, font, bold=True) + HEADER_PAD)  # fmt: skip
+    return int(min(need + 0.999, BADGE_WIDTH))
+
+
+def name_pieces(name: str) -> list[str]:
+    """A name's pieces as a table shows it: it may wrap after each ``/`` and ``.`` only."""
+    return [p for p in re.split(r"(?<=[/.])", str(name)) if p]
+
+
+def name_min_width(names, font: str = "wide") -> int:
+    """Pixels a name column needs so that no piece of any of ``names`` (see
+    :func:`name_pieces`) breaks over two lines: the widest piece and the cell's padding
+    (the distinct pieces of a million distinct names: two seconds)."""
+    text = "\n".join({str(n) for n in names if n is not None})
+    pieces = set(text.replace("/", "/\n").replace(".", ".\n").split("\n")) - {""}
+    return int(widest(pieces, font) + CELL_PAD + 0.999)
 
 
 def metrics_wide(cat) -> pd.DataFrame:
@@ -197,6 +283,16 @@ def once_per_tables(what: str, tables: tuple[pd.DataFrame, ...], make: Callable[
     refs = tuple(weakref.ref(t, lambda _, key=key: _MADE.pop(key, None)) for t in tables)
     _MADE[key] = (refs, value)
     return value
+
+
+def name_width(cat, font: str = "wide") -> int:
+    """:func:`name_min_width` of every name of ``cat`` (once per catalog state and font)."""
+    v = cat.variables
+
+    def make() -> int:
+        return name_min_width(v["name"].unique(), font)
+
+    return once_per_tables(f"name width {font}", (v,), make)
 
 
 def serials_frame(cat) -> pd.DataFrame:

@@ -11,7 +11,17 @@ import param
 
 from ..engine.diff import by_change
 from . import plots
-from ._base import Workspace, as_workspace, form_row, in_background, name_formatter, table
+from ._base import (
+    BUTTON_CSS,
+    Workspace,
+    as_workspace,
+    form_row,
+    in_background,
+    name_formatter,
+    set_min_width,
+    table,
+    table_font,
+)
 from ._format import (
     BADGE_WIDTH,
     badge,
@@ -23,6 +33,7 @@ from ._format import (
     md_code,
     md_problem,
     md_text,
+    name_width,
     streamed_histogram,
 )
 
@@ -35,12 +46,13 @@ DIFF_WIDTHS = {"status": BADGE_WIDTH, "node": 64, "shape": 80, "rel_l2": 76, "l2
 FITTED = ["node", "shape", *NUMBERS]
 
 
-def diff_widths(shown: pd.DataFrame) -> dict:
-    """Column widths for the diff table: the status badges and the short columns snugly
-    whole, the error a fixed share (it wraps); the name is left the rest of the row (at
-    1280 px, ~250 px: room for the longest piece of a Megatron name, ~240 px, whole)."""
-    return {**DIFF_WIDTHS, "status": badge_width(shown.get("status", [])),
-            **fit_widths(shown, FITTED, hi=200, snug=True), "error": 220}  # fmt: skip
+def diff_widths(shown: pd.DataFrame, font: str = "wide") -> dict:
+    """Column widths for the diff table in ``font`` (``_format.FONTS``): the status badges
+    and the short columns whole, the error a fixed share (it wraps); the name is left the
+    rest of the row (at 1280 px, ~270 px: room for the widest piece of a Megatron name,
+    ~243 px, whole), and never less than its widest piece (the table scrolls sideways)."""
+    return {**DIFF_WIDTHS, "status": badge_width(shown.get("status", []), font=font),
+            **fit_widths(shown, FITTED, hi=200, font=font), "error": 220}  # fmt: skip
 
 
 PLOT_LIMIT = 16 << 20  # values read at once for the difference plots
@@ -85,7 +97,9 @@ class CompareView(pn.viewable.Viewer):
         super().__init__(**params)
         self.diff: pd.DataFrame | None = None
         self._shown = pd.DataFrame(columns=SHOWN)
+        self._font = table_font()  # the dashboard's font, or a notebook's widest likely one
         self.button = pn.widgets.Button(label="Compare", color="primary", align="end",
+                                        stylesheets=[BUTTON_CSS],
                                         css_classes=["ckptview-compare-button"])  # fmt: skip
         self.button.on_click(self._on_compare)
         self.heading = pn.pane.Markdown("*Pick A and B, then Compare.*",
@@ -115,11 +129,21 @@ class CompareView(pn.viewable.Viewer):
             self.run_b = self.run_b if self.run_b in labels else labels[0]
         self._serials_a()
         self._serials_b()
+        self._name_width()  # a run refreshed: its names may have changed
 
     def _serial_choices(self, run: str | None) -> list[int]:
         if run is None:
             return []
         return [int(s) for s in self.workspace.runs[run].serials.index]
+
+    @param.depends("run_a", "run_b", watch=True)
+    def _name_width(self) -> None:
+        """No piece of a name of either run (between its / and .) broken over two lines."""
+        runs = [self.workspace.runs[r] for r in (self.run_a, self.run_b)
+                if r in self.workspace.runs]  # fmt: skip
+        if runs:
+            px = max(name_width(cat, self._font) for cat in runs)
+            set_min_width(self.table, "name", px)
 
     @param.depends("run_a", watch=True)
     def _serials_a(self) -> None:
@@ -163,7 +187,7 @@ class CompareView(pn.viewable.Viewer):
         shown["status"] = [badge(s) for s in shown["status"]]
         self.table.selection = []
         self.table.param.update(
-            value=shown, widths=diff_widths(self._shown),
+            value=shown, widths=diff_widths(self._shown, self._font),
             hidden_columns=[c for c in ("node", "error")
                             if (self._shown[c].astype(str) == "").all()],
         )  # fmt: skip  # an empty column takes no room

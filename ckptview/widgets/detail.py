@@ -10,7 +10,7 @@ import ckptview as cv
 from ckptview.dtypes import is_numeric
 
 from . import plots
-from ._base import in_background, table, wrapping
+from ._base import BUTTON_CSS, in_background, table, wrapping
 from ._format import (
     fmt_number,
     fmt_shape,
@@ -49,7 +49,8 @@ class VariableDetail(pn.viewable.Viewer):
         self.info = pn.pane.Markdown("*Click a variable to see it here.*",
                                      **wrapping(css_classes=["ckptview-detail-info"]))  # fmt: skip
         self.button = pn.widgets.Button(label="Statistics and histogram", color="primary",
-                                        disabled=True, css_classes=["ckptview-stats-button"])  # fmt: skip
+                                        disabled=True, stylesheets=[BUTTON_CSS],
+                                        css_classes=["ckptview-stats-button"])  # fmt: skip
         self.button.on_click(self._on_compute)
         self.stats = table(pd.DataFrame(columns=["statistic", "value"]),
                            css_classes=["ckptview-stats"], sizing_mode="stretch_width")  # fmt: skip

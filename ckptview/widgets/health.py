@@ -31,7 +31,15 @@ from bokeh.plotting import figure
 
 from ckptview.engine.health import summarize, variable_rules
 
-from ._base import Workspace, as_workspace, form_row, notice, offer_runs, set_notice
+from ._base import (
+    BUTTON_CSS,
+    Workspace,
+    as_workspace,
+    form_row,
+    notice,
+    offer_runs,
+    set_notice,
+)
 from ._format import md_problem
 
 MAX_ROWS = 60  # variables shown
@@ -157,7 +165,7 @@ class HealthView(pn.viewable.Viewer):
                                                sizing_mode="stretch_width",
                                                css_classes=["ckptview-health-progress"])  # fmt: skip
         self.compute_button = pn.widgets.Button(label="Compute health", color="primary",
-                                                align="end",
+                                                align="end", stylesheets=[BUTTON_CSS],
                                                 css_classes=["ckptview-health-compute"])  # fmt: skip
         self.compute_button.on_click(self._on_compute)
         self.restore_button = pn.widgets.Button(label="Plan restore", visible=False,

@@ -7,7 +7,14 @@ import json
 import panel as pn
 import param
 
-from ._base import Workspace, as_workspace, built_once, in_background, wrapping
+from ._base import (
+    BUTTON_CSS,
+    Workspace,
+    as_workspace,
+    built_once,
+    in_background,
+    wrapping,
+)
 from ._format import md_code, md_problem, md_text
 
 
@@ -20,7 +27,7 @@ class TreePicker(pn.viewable.Viewer):
     def __init__(self, workspace=None, **params):
         self.workspace: Workspace = as_workspace(workspace if workspace is not None else [])
         super().__init__(**params)
-        self.button = pn.widgets.Button(label="Open", color="primary",
+        self.button = pn.widgets.Button(label="Open", color="primary", stylesheets=[BUTTON_CSS],
                                         css_classes=["ckptview-open"])  # fmt: skip
         self.button.on_click(self._on_open)
         self.message = pn.pane.Markdown(**wrapping(css_classes=["ckptview-picker-message"]))

@@ -7,6 +7,7 @@ import panel as pn
 import param
 
 from ._base import (
+    BUTTON_CSS,
     Workspace,
     as_workspace,
     form_row,
@@ -41,6 +42,7 @@ class RestoreView(pn.viewable.Viewer):
                                      css_classes=["ckptview-restore-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
         self.plan_button = pn.widgets.Button(label="Plan (dry run)", color="primary", align="end",
+                                             stylesheets=[BUTTON_CSS],
                                              css_classes=["ckptview-restore-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
         self.confirm = pn.widgets.Button(label="Restore", color="danger", visible=False,

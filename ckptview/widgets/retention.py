@@ -8,6 +8,7 @@ import panel_material_ui as pmui
 import param
 
 from ._base import (
+    BUTTON_CSS,
     Workspace,
     as_workspace,
     form_row,
@@ -77,6 +78,7 @@ class RetentionView(pn.viewable.Viewer):
                                      css_classes=["ckptview-retention-message"],
                                      sizing_mode="stretch_width")  # fmt: skip
         self.plan_button = pn.widgets.Button(label="Plan", color="primary", align="end",
+                                             stylesheets=[BUTTON_CSS],
                                              css_classes=["ckptview-retention-plan"])  # fmt: skip
         self.plan_button.on_click(self._on_plan)
         self.save_button = pn.widgets.Button(label="Save policy with the tree", variant="outline", color="primary",

@@ -27,6 +27,7 @@ from ckptview.experiment import Experiment, open_experiment
 
 from . import figures
 from ._base import (
+    BUTTON_CSS,
     TABLE_CSS,
     Workspace,
     built_once,
@@ -273,6 +274,7 @@ class RunsView(pn.viewable.Viewer):
         self.detail = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-run-detail"])
         self.browser = None  # the clicked run's browser (without ``on_open``)
         self.compare_button = pn.widgets.Button(label="Compare", color="primary",
+                                                stylesheets=[BUTTON_CSS],
                                                 css_classes=["ckptview-runs-compare-button"])  # fmt: skip
         self.compare_button.on_click(self._on_compare)
         self.compare_message = notice(

@@ -8,13 +8,24 @@ import param
 
 import ckptview as cv
 
-from ._base import built_once, form_row, name_formatter, share_formatter, size_formatter, table
+from ._base import (
+    built_once,
+    form_row,
+    name_formatter,
+    set_min_width,
+    share_formatter,
+    size_formatter,
+    table,
+    table_font,
+)
 from ._format import (
     badge,
     filter_choices,
+    fit_width,
     fit_widths,
     html_choices,
     human_bytes,
+    name_width,
     totals_frame,
     variables_frame,
 )
@@ -27,12 +38,16 @@ VARIABLE_WIDTHS = {"kind": 110, "dtype": 85, "shape": 95, "numel": 80, "size": 9
                    "share": 110}  # fmt: skip
 TITLES = {"share": "% of serial"}
 ERROR_WIDTH = 240
+SHARE_BAR = 74  # the share's bar (60 px at least) and the cell's padding
 
 
-def variable_widths(shown: pd.DataFrame) -> dict[str, int]:
-    """Column widths for a page of the variables table (sizes as text: ``999.9 KiB``)."""
+def variable_widths(shown: pd.DataFrame, font: str = "wide") -> dict[str, int]:
+    """Column widths for a page of the variables table (sizes as text: ``999.9 KiB``) in
+    ``font`` (``_format.FONTS``)."""
     sized = shown.assign(size="999.9 KiB") if len(shown) else shown
-    return {**fit_widths(sized, FITTED, TITLES, hi=200), "share": 100, "error": ERROR_WIDTH}
+    share = fit_width([], TITLES["share"], lo=SHARE_BAR, font=font)
+    return {**fit_widths(sized, FITTED, TITLES, hi=200, font=font), "share": share,
+            "error": ERROR_WIDTH}  # fmt: skip
 
 
 #: the totals: compact rows, numbers to the right, in the theme's colours
@@ -69,6 +84,7 @@ class VariablesTable(pn.viewable.Viewer):
                 serial = int(catalog.serials.index.max())
         super().__init__(catalog=catalog, serial=serial, **params)
         self._seen = None
+        self._font = table_font()  # the dashboard's font, or a notebook's widest likely one
         self._choices()
         self.heading = pn.pane.Markdown(css_classes=["ckptview-vars-heading"],
                                         sizing_mode="stretch_width")  # fmt: skip
@@ -103,6 +119,8 @@ class VariablesTable(pn.viewable.Viewer):
     @param.depends("serial", watch=True)
     def _update_serial(self) -> None:
         self._choices()
+        # no piece of a name (between its / and .) broken: the table scrolls sideways instead
+        set_min_width(self.table, "name", name_width(self.catalog, self._font))
         self._full = (
             variables_frame(self.catalog, self.serial)
             if self.serial is not None
@@ -133,7 +151,7 @@ class VariablesTable(pn.viewable.Viewer):
         shown = f[SHOWN].astype(object)
         shown["size"] = f["nbytes"].astype("int64")  # bytes, shown human-readable: sorts by size
         self.table.param.update(
-            value=shown, widths=variable_widths(f[SHOWN]),
+            value=shown, widths=variable_widths(f[SHOWN], self._font),
             hidden_columns=[c for c in ("node", "error")
                             if not len(f) or (f[c].astype(str) == "").all()],
         )  # fmt: skip  # an empty column takes no room

@@ -8,7 +8,7 @@ import param
 
 import ckptview as cv
 
-from ._base import in_background, notice, set_notice, table
+from ._base import BUTTON_CSS, in_background, notice, set_notice, table
 from ._format import md_problem
 
 SHOWN = ["file", "check", "severity", "message"]
@@ -25,6 +25,7 @@ class VerifyPanel(pn.viewable.Viewer):
     def __init__(self, catalog: cv.Catalog, **params):
         super().__init__(catalog=catalog, **params)
         self.button = pn.widgets.Button(label="Verify", button_type="primary", width=110,
+                                        stylesheets=[BUTTON_CSS],
                                         css_classes=["ckptview-verify"])  # fmt: skip
         self.button.on_click(self._on_verify)
         self.message = notice("", visible=False, css_classes=["ckptview-verify-result"])
