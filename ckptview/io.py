@@ -6,13 +6,17 @@ count the bytes and requests a catalog scan costs, on local disk and on S3 alike
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import posixpath
 import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -30,6 +34,16 @@ DEFAULT_CONCURRENCY = 64
 CONCURRENCY_OPTION = "ckptview_max_concurrency"
 #: the most bytes of prefetched first blocks kept at once (per Storage)
 PREFETCH_BUDGET = 256 << 20
+#: bytes one Storage's concurrent reads hold at once (in flight, fetched and not yet used, and
+#: the working memory callers declare): what bounds verify/stats/diff/reads on remote stores
+READ_BUDGET = 256 << 20
+#: read-ahead of one stream of ranges (one variable's chunks) at most, beyond the one in use
+STREAM_AHEAD = 64 << 20
+#: a file at most this large that an operation reads (mostly) whole comes in one GET
+WHOLE_FILE = 16 << 20
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class TruncatedError(ValueError):
@@ -99,6 +113,14 @@ class Storage:
         #: fsspec's own local filesystem (not a subclass or wrapper): ranged reads and the
         #: tree walk go straight to the OS, skipping fsspec's per-call path handling
         self.plain_local = type(fs) is LocalFileSystem
+        self._init_concurrent()
+
+    def _init_concurrent(self) -> None:
+        #: path -> a whole file fetched for the work items using it (see :meth:`map_window`)
+        self.staged: dict[str, _Staged] = {}
+        self._stage_lock = threading.Lock()
+        self.gate = _Gate(self.concurrency, READ_BUDGET)
+        self._remote = not self.local
 
     @classmethod
     def from_url(cls, url: str, storage_options: dict | None = None) -> tuple[Storage, str]:
@@ -116,7 +138,10 @@ class Storage:
         return cls(fs, limit), path.rstrip("/") or "/"
 
     def __getstate__(self) -> dict:  # prefetched blocks stay here (a worker reads its own)
-        return {**self.__dict__, "heads": {}}
+        state = {**self.__dict__, "heads": {}}
+        for key in ("staged", "_stage_lock", "gate", "_remote"):
+            state.pop(key, None)
+        return state
 
     def __setstate__(self, state: dict) -> None:
         state.setdefault("async_fs", bool(getattr(state["fs"], "async_impl", False)))
@@ -124,6 +149,7 @@ class Storage:
         state.setdefault("heads", {})
         state.setdefault("seen", {})
         self.__dict__.update(state)
+        self._init_concurrent()
 
     # -- concurrent first blocks (async filesystems) ------------------------------------------
     def prefetch(self, files: list[tuple[str, int]], length: int = SPECULATIVE_BLOCK) -> int:
@@ -157,9 +183,15 @@ class Storage:
             for p in paths:
                 self.heads.pop(p, None)
 
-    def note_listing(self, found: dict[str, dict]) -> list[tuple[str, int]]:
+    def note_listing(self, found: dict[str, dict], root: str | None = None) -> list[tuple[str, int]]:
         """Record a listing's file identities; the ``(path, size)`` of files new or changed
-        since the last listing (their held first blocks, now stale, are dropped)."""
+        since the last listing (their held first blocks, now stale, are dropped). ``root``:
+        the listing was all of it (files seen below it before and absent now are forgotten)."""
+        if root is not None and self.seen:
+            below = root.rstrip("/") + "/"
+            for path in [p for p in self.seen if p.startswith(below) and p not in found]:
+                del self.seen[path]
+                self.heads.pop(path, None)
         fresh = []
         for path, inf in found.items():
             if inf["type"] != "file":
@@ -172,7 +204,12 @@ class Storage:
         return fresh
 
     def held(self, path: str) -> tuple[bytes, int] | None:
-        """The prefetched first block of a file and its size, if held."""
+        """The prefetched first block of a file (or the whole file, staged) and its size, if
+        held."""
+        if self.staged:
+            data = self._staged(path)
+            if data is not None:
+                return data, len(data)
         return self.heads.get(path) if self.heads else None
 
     @property
@@ -195,7 +232,7 @@ class Storage:
         """Bytes [start, end) of a file; one request."""
         if end <= start:
             return b""
-        held = self.heads.get(path) if self.heads else None
+        held = self.held(path) if self.heads or self.staged else None
         if held is not None and end <= len(held[0]):
             return held[0][start:end]
         if self.plain_local:
@@ -221,7 +258,7 @@ class Storage:
         if not ranges:
             return []
         spans, where = merge_ranges(ranges, getattr(self, "merge_gap", 0))
-        held = self.heads.get(path) if self.heads else None
+        held = self.held(path) if self.heads or self.staged else None
         if len(spans) == 1 or (held is not None and spans[-1][1] <= len(held[0])):
             got = [self.read_range(path, a, b) for a, b in spans]
         else:
@@ -234,7 +271,7 @@ class Storage:
         return [got[i][a - spans[i][0] : b - spans[i][0]] for (a, b), i in zip(ranges, where)]
 
     def read_all(self, path: str) -> bytes:
-        held = self.heads.get(path) if self.heads else None
+        held = self.held(path) if self.heads or self.staged else None
         if held is not None and len(held[0]) >= held[1]:
             return held[0]
         data = self.fs.cat_file(path)
@@ -245,7 +282,254 @@ class Storage:
         return normalize_info(self.fs.info(path))
 
     def blob(self, path: str, size: int | None = None) -> Blob:
+        """A file read by ranges; its size, when not given, is the last listing's (on async
+        filesystems: no HEAD request), else asked for when needed."""
+        if size is None and self.seen:
+            ident = self.seen.get(path)
+            if ident is not None:
+                size = ident[0]
         return Blob(self, path, size)
+
+    # -- many reads at once (verify --deep, stats, diff, pieces of a tensor) -------------------
+    @property
+    def remote(self) -> bool:
+        """Reads cost a round trip (not local disk or memory): worth keeping many in flight."""
+        return self._remote
+
+    def _fetch(self, path: str, start: int, end: int) -> Future:
+        """One ranged read, started now: on an async filesystem's event loop (no thread
+        waits on it), else on a thread of its own; counted when it completes."""
+        fut: Future
+        if self.async_fs:
+            coro = self.fs._cat_file(path, start=start, end=end)
+            fut = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
+        else:
+            fut = _fetch_pool().submit(self.fs.cat_file, path, start=start, end=end)
+        fut.add_done_callback(self._count)
+        return fut
+
+    def _count(self, fut: Future) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.counters.add(len(fut.result()))
+
+    def read_many(self, requests: Iterable[tuple[str, int, int]], window: int | None = None,
+                  ahead: int = STREAM_AHEAD) -> Iterator[bytes]:  # fmt: skip
+        """The bytes of each ``(path, start, end)``, in order. On remote storage the next
+        requests are in flight while one is used: up to ``window`` (default: the
+        concurrency), ``ahead`` bytes beyond the one in use and within the Storage's budget
+        (:data:`READ_BUDGET`, shared by every concurrent read; a stream with nothing in
+        flight always gets one). On local disk each is read when asked for."""
+        if not self.remote:
+            for path, start, end in requests:
+                yield self.read_range(path, start, end)
+            return
+
+        def start_one(req: tuple[str, int, int]) -> Future:
+            path, start, end = req
+            held = self.held(path) if self.heads or self.staged else None
+            if end <= start or (held is not None and end <= len(held[0])):
+                done: Future = Future()
+                done.set_result(held[0][start:end] if held is not None else b"")
+                return done
+            return self._fetch(path, start, end)
+
+        def cost(req: tuple[str, int, int]) -> int:
+            return max(0, req[2] - req[1])
+
+        for _req, fut in self._window(requests, start_one, cost, window, ahead, _cancel):
+            yield fut.result()
+
+    def map_window(self, fn: Callable[[T], R], items: Iterable[T],
+                   cost: Callable[[T], int] | None = None,
+                   files: Callable[[T], Iterable[tuple[Storage, str, int]]] | None = None,
+                   window: int | None = None,
+                   inline: Callable[[T], bool] | None = None) -> Iterator[R]:  # fmt: skip
+        """``fn(item)`` for each item, results in order. On local storage one after another
+        in this thread. On remote storage on threads of this call: up to ``window`` (default:
+        the concurrency) running while the caller uses earlier results, their declared
+        working memory (``cost(item)`` bytes) within the Storage's budget (one at a time at
+        least). ``files(item)``: the ``(storage, path, size)`` of files it reads (mostly)
+        whole, each fetched in one request as the item starts (:meth:`stage`), shared by the
+        items using it and dropped after the last. ``inline(item)``: it reads nothing but
+        those files, so it runs in this thread when its turn comes (its fetches were in
+        flight meanwhile: no thread to wake, no GIL handed around)."""
+        if not self.remote or (isinstance(items, (list, tuple, range)) and len(items) <= 1):
+            for item in items:
+                yield fn(item)
+            return
+        limit = max(1, min(window or self.concurrency, self.concurrency))
+        pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="ckptview-map")
+        files_of = files or (lambda item: ())
+
+        def start_one(item: T) -> tuple[Future | None, list[tuple[Storage, str]]]:
+            taken = []
+            for storage, path, size in files_of(item):
+                if storage.remote and 0 < size <= WHOLE_FILE:
+                    storage.stage(path, size)
+                    taken.append((storage, path))
+            if inline is not None and taken and inline(item):
+                return None, taken
+            return pool.submit(fn, item), taken
+
+        def item_cost(item: T) -> int:
+            new = sum(size for storage, path, size in files_of(item)
+                      if storage.remote and 0 < size <= WHOLE_FILE and path not in storage.staged)  # fmt: skip
+            return (cost(item) if cost else 0) + new
+
+        # an item's files are released once the next items started (and took them too)
+        done: list[tuple[Storage, str]] = []
+        try:
+            for item, (fut, taken) in self._window(items, start_one, item_cost, limit,
+                                                   READ_BUDGET, _abandon):  # fmt: skip
+                _unstage(done)
+                done = taken
+                yield fn(item) if fut is None else fut.result()
+        finally:
+            _unstage(done)
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _window(self, items: Iterable[T], start: Callable[[T], Any], cost: Callable[[T], int],
+                window: int | None, ahead: int, drop: Callable[[Any], None]
+                ) -> Iterator[tuple[T, Any]]:  # fmt: skip
+        """``(item, start(item))`` in order, items started ahead of the one yielded: at most
+        ``window`` (default: the concurrency) and ``ahead`` bytes (``cost``) started, and the
+        Storage's gate allowing; with nothing started, one always goes. Each item's share of
+        the gate is given back when the caller asks for the next; ``drop(handle)`` for the
+        handles left when the caller stops early."""
+        limit = max(1, window or self.concurrency)
+        gate = self.gate
+        pending: deque[tuple[T, Any, int]] = deque()
+        it = iter(items)
+        upcoming: Any = _NONE
+        held = 0
+        try:
+            while True:
+                while len(pending) < limit:
+                    if upcoming is _NONE:
+                        upcoming = next(it, _NONE)
+                        if upcoming is _NONE:
+                            break
+                    n = cost(upcoming)
+                    if pending and (held + n > ahead or not gate.take(n)):
+                        break
+                    if not pending:
+                        gate.take(n, force=True)
+                    try:
+                        handle = start(upcoming)
+                    except BaseException:
+                        gate.give(n)
+                        raise
+                    pending.append((upcoming, handle, n))
+                    held += n
+                    upcoming = _NONE
+                if not pending:
+                    return
+                item, handle, n = pending.popleft()
+                try:
+                    yield item, handle
+                finally:
+                    held -= n
+                    gate.give(n)
+        finally:
+            for _item, handle, n in pending:
+                drop(handle)
+                gate.give(n)
+
+    # -- whole files held for the work using them ------------------------------------------
+    def stage(self, path: str, size: int) -> None:
+        """Fetch a whole file (one request, started now) and serve every read inside it from
+        memory until :meth:`unstage` was called as often; a read asking before it arrives
+        waits for it. (A fetch that fails, or a file of another size, is not served: reads
+        go to the store as usual.)"""
+        with self._stage_lock:
+            st = self.staged.get(path)
+            if st is None:
+                st = self.staged[path] = _Staged(self._fetch(path, 0, size), size)
+            st.refs += 1
+
+    def unstage(self, path: str) -> None:
+        with self._stage_lock:
+            st = self.staged.get(path)
+            if st is None:
+                return
+            st.refs -= 1
+            if st.refs <= 0:  # a fetch still under way completes unused (no torn connection)
+                del self.staged[path]
+
+    def _staged(self, path: str) -> bytes | None:
+        st = self.staged.get(path)
+        if st is None:
+            return None
+        try:
+            data = st.future.result()
+        except (Exception, CancelledError):  # noqa: BLE001 - the read goes to the store instead
+            return None
+        return data if len(data) == st.size else None
+
+
+@dataclass
+class _Staged:
+    future: Future
+    size: int
+    refs: int = 0
+
+
+class _Gate:
+    """The work in flight on one Storage: at most ``count`` items (requests, or work items
+    reading) and ``nbytes`` bytes; ``force`` lets in a caller with nothing in flight (it can
+    never wait on itself, so nested or interleaved readers cannot deadlock)."""
+
+    def __init__(self, count: int, nbytes: int):
+        self.count, self.nbytes = count, nbytes
+        self.items = self.bytes = 0
+        self.lock = threading.Lock()
+
+    def take(self, n: int, force: bool = False) -> bool:
+        with self.lock:
+            if not force and (self.items + 1 > self.count or self.bytes + n > self.nbytes):
+                return False
+            self.items += 1
+            self.bytes += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self.lock:
+            self.items -= 1
+            self.bytes -= n
+
+
+_NONE: Any = object()
+_FETCH_POOL: ThreadPoolExecutor | None = None
+_FETCH_LOCK = threading.Lock()
+
+
+def _fetch_pool() -> ThreadPoolExecutor:
+    """Threads for the reads of synchronous remote filesystems (sftp, hdfs …); they wait on
+    nothing else, so work items waiting on them cannot deadlock."""
+    global _FETCH_POOL
+    with _FETCH_LOCK:
+        if _FETCH_POOL is None:
+            _FETCH_POOL = ThreadPoolExecutor(max_workers=DEFAULT_CONCURRENCY,
+                                             thread_name_prefix="ckptview-fetch")  # fmt: skip
+        return _FETCH_POOL
+
+
+def _cancel(fut: Future) -> None:
+    fut.cancel()
+
+
+def _unstage(taken: list[tuple[Storage, str]]) -> None:
+    for storage, path in taken:
+        storage.unstage(path)
+
+
+def _abandon(handle: tuple[Future | None, list[tuple[Storage, str]]]) -> None:
+    """A work item the caller no longer wants: not started, or its files released when done."""
+    fut, taken = handle
+    if fut is None or fut.cancel() or fut.done():
+        _unstage(taken)
+    else:
+        fut.add_done_callback(lambda _f: _unstage(taken))
 
 
 def merge_ranges(
@@ -416,6 +700,28 @@ class Blob:
         """The bytes of several ``(start, end)`` ranges, fetched concurrently."""
         return self.storage.read_ranges(self.path, ranges)
 
+    def read_many(self, pieces: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        """Exactly ``length`` bytes at each ``(offset, length)``, in order; on remote storage
+        the next ones are read ahead while one is used (:meth:`Storage.read_many`), else
+        each is :meth:`read` when asked for."""
+        if not self.storage.remote:
+            for offset, length in pieces:
+                yield self.read(offset, length)
+            return
+        pieces = list(pieces)
+        for offset, length in pieces:
+            if offset < 0 or length < 0 or offset + length > self.size:
+                self.read(offset, length)  # raises TruncatedError, as a read of it would
+        requests = self._requests(pieces)
+        for (_p, a, b), data in zip(requests, self.storage.read_many(requests)):
+            if len(data) != b - a:
+                raise TruncatedError(f"{self.name}: bytes {a}..{b} came {len(data)} long")
+            yield data
+
+    def _requests(self, pieces: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
+        """``(path, start, end)`` of pieces checked to lie inside."""
+        return [(self.path, offset, offset + length) for offset, length in pieces]
+
     def slice(self, offset: int, length: int) -> BlobSlice:
         """The bytes ``[offset, offset + length)`` as a Blob of their own (offset 0 = the
         first of them): a record inside a container file read by a parser of whole files."""
@@ -469,6 +775,9 @@ class BlobSlice(Blob):
             if a < 0 or b < a or b > self.size:
                 raise TruncatedError(f"{self.name}@{self.base}: range {a}..{b} outside the record")
         return self.parent.read_ranges([(a + self.base, b + self.base) for a, b in ranges])
+
+    def _requests(self, pieces: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
+        return self.parent._requests([(self.base + offset, length) for offset, length in pieces])
 
     def open(self, **kwargs: Any):
         raise NotImplementedError("a Blob slice has no file object; read it by ranges")

@@ -83,7 +83,7 @@ class Tree:
     def _note(self, found: dict[str, dict]) -> None:
         """On an async filesystem: remember which files are new or changed since the last
         listing (the only ones a sibling prefetch may fetch: the rest are in the header cache)."""
-        self._fresh = {path for path, _ in self.storage.note_listing(found)}
+        self._fresh = {path for path, _ in self.storage.note_listing(found, self.root)}
 
     def _prefetch_siblings(self, rel: str, limit: int) -> None:
         """A layout reads one small file whole (a marker, an index, a state file): every

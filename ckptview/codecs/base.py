@@ -77,6 +77,14 @@ class Codec:
         (deep verify reads them); a format without per-variable checksums yields nothing."""
         return iter(())
 
+    def spans(self, blob: Blob, var: VarInfo) -> list[tuple[str, int, int]] | None:
+        """Where a variable's stored bytes lie, as ``(path, offset, length)`` ranges (default:
+        its span); ``[]`` when reading it reads nothing, None when not known. For planning
+        only: work reading many variables at once fetches a small file most of whose bytes
+        it wants whole, in one request."""
+        span = var.span
+        return None if span is None else [(span.path, span.offset, span.length)]
+
     def iter_chunks(self, blob: Blob, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
         """Flat (1-D, C-order) pieces of a variable's values, each about ``max_bytes``."""
         if var.span is not None and var.span.order == "C" and var.dtype != "object":
@@ -113,7 +121,8 @@ def read_span(storage: Storage, var: VarInfo) -> np.ndarray:
 
 
 def iter_span_chunks(storage: Storage, var: VarInfo, max_bytes: int) -> Iterator[np.ndarray]:
-    """A C-order span in flat pieces of about ``max_bytes``; one ranged read per piece."""
+    """A C-order span in flat pieces of about ``max_bytes``; one ranged read per piece (on
+    remote storage the next ones in flight while one is used: ``Storage.read_many``)."""
     span = var.span
     if span is None:
         raise ValueError(f"{var.name}: no span to read")
@@ -121,10 +130,11 @@ def iter_span_chunks(storage: Storage, var: VarInfo, max_bytes: int) -> Iterator
     target = np_dtype(var.dtype)
     per = max(1, max_bytes // max(1, dt.itemsize))
     total = var.numel
-    for start in range(0, total, per):
-        count = min(per, total - start)
-        a = span.offset + start * dt.itemsize
-        data = storage.read_range(span.path, a, a + count * dt.itemsize)
+    counts = [min(per, total - start) for start in range(0, total, per)]
+    requests = [(span.path, span.offset + start * dt.itemsize,
+                 span.offset + (start + count) * dt.itemsize)
+                for start, count in zip(range(0, total, per), counts)]  # fmt: skip
+    for count, data in zip(counts, storage.read_many(requests)):
         if len(data) < count * dt.itemsize:
             raise ValueError(f"{var.name}: file ends early")
         arr = np.frombuffer(data, dtype=dt, count=count)

@@ -168,6 +168,9 @@ class PaddleTextIntCodec(Codec):
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
         return np.array(var.locator, dtype=np.int64)
 
+    def spans(self, blob: Blob, var: VarInfo) -> list[tuple[str, int, int]]:
+        return []  # the value was parsed with the header
+
 
 def read_text_int(text: str) -> int | None:
     """``int(f.read().strip())`` as the trainer does; None when it is not an integer."""

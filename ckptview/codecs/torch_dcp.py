@@ -85,11 +85,24 @@ class TorchDCPCodec(Codec):
             return _object_value(_slice(blob.storage, root, chunks[0]))
         dt = np_dtype(var.dtype)
         out = np.zeros(var.shape, dtype=dt)
-        for chunk in chunks:
-            piece = _chunk_values(blob.storage, root, chunk, dt)
+        storage = blob.storage
+
+        def values(chunk: Chunk) -> np.ndarray:
+            return _chunk_values(storage, root, chunk, dt)
+
+        # on remote storage the chunks (in several rank files) are read concurrently
+        pieces = storage.map_window(values, chunks, cost=lambda c: max(0, c.length))
+        for chunk, piece in zip(chunks, pieces):
             index = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes, strict=True))
             out[index] = piece
         return out
+
+
+    def spans(self, blob: Blob, var: VarInfo) -> list[tuple[str, int, int]]:
+        """Each chunk's item in its rank file."""
+        root = posixpath.dirname(blob.path)
+        return [(posixpath.join(root, c.file), c.offset, c.length)
+                for c in var.locator or () if isinstance(c, Chunk) and inside(c.file)]  # fmt: skip
 
 
 def check_items(blob: Blob, variables: list[VarInfo]) -> None:
@@ -101,6 +114,21 @@ def check_items(blob: Blob, variables: list[VarInfo]) -> None:
     root = posixpath.dirname(blob.path)
     sizes: dict[str, int | None] = {}
     seen: dict[tuple, str | None] = {}  # an item several chunks name is checked once
+    storage = blob.storage
+    if storage.remote:  # every item's record read at once (a few small GETs each)
+        todo: dict[tuple, tuple[Chunk, str]] = {}
+        for var in variables:
+            for chunk in () if var.error else var.locator or ():
+                key = (chunk.file, chunk.offset, chunk.length, chunk.sizes, var.dtype)
+                todo.setdefault(key, (chunk, var.dtype))
+        for chunk, _dtype in todo.values():  # sizes first (the listing's): no races below
+            if inside(chunk.file) and chunk.file not in sizes:
+                sizes[chunk.file] = _file_size(storage, posixpath.join(root, chunk.file))
+
+        def check(item: tuple[Chunk, str]) -> str | None:
+            return _item_problem(storage, root, item[0], item[1], sizes)
+
+        seen.update(zip(todo, storage.map_window(check, list(todo.values()))))
     for var in variables:
         if var.error:
             continue
@@ -113,15 +141,20 @@ def check_items(blob: Blob, variables: list[VarInfo]) -> None:
                 break
 
 
+def _file_size(storage: Storage, path: str) -> int | None:
+    """A rank file's size (the listing's on async filesystems), None when it is missing."""
+    try:
+        return int(storage.blob(path).size)
+    except (FileNotFoundError, KeyError):
+        return None
+
+
 def _item_problem(storage: Storage, root: str, chunk: Chunk, dtype: str,
                   sizes: dict[str, int | None]) -> str | None:  # fmt: skip
     if not inside(chunk.file):
         return f"relative_path {chunk.file!r} leaves the checkpoint directory"
     if chunk.file not in sizes:
-        try:
-            sizes[chunk.file] = int(storage.info(posixpath.join(root, chunk.file))["size"])
-        except (FileNotFoundError, KeyError):
-            sizes[chunk.file] = None
+        sizes[chunk.file] = _file_size(storage, posixpath.join(root, chunk.file))
     size = sizes[chunk.file]
     if size is None:
         return f"{chunk.file}: missing"

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..dtypes import is_numeric
 from ..scan.core import Scan
+from .reads import run_jobs
 from .stats import CHUNK_BYTES, bounded_map, resolve_serial
 
 DIFF_COLUMNS = [
@@ -450,7 +451,7 @@ def diff(scan: Scan, a: int | None, b: int | None, other: Scan | None = None,
         right = {k: v for k, v in right.items() if k[1] in wanted}
     pairs, info = pair_with_info(left, right, match)
     jobs = [(x, y, chunk_bytes, progress) for x, y in pairs]
-    rows = list(bounded_map(compare, jobs, scan.pool()))
+    rows = list(_map_pairs(scan, other, jobs, chunk_bytes))
     for (x, y), row in zip(pairs, rows):
         if y is not None and x is not None and y.name != x.name:
             row["name"] = x.name
@@ -459,6 +460,25 @@ def diff(scan: Scan, a: int | None, b: int | None, other: Scan | None = None,
     df["numel"] = df["numel"].astype("int64")
     df.attrs.update({"a": a, "b": b, "pairing": info})
     return by_change(df)
+
+
+def _map_pairs(scan: Scan, other: Scan, jobs: list[tuple], chunk_bytes: int) -> Iterator[dict]:
+    """:func:`compare` of each pair, in order: on remote storage (either side's)
+    ``ckptview_max_concurrency`` pairs at once, small files fetched whole
+    (:func:`.reads.run_jobs`); else ``WINDOW`` at once on the executor."""
+
+    def reads(job: tuple) -> list:  # a pair whose values are compared (see compare)
+        a, b = job[:2]
+        if a is None or b is None or a.error or b.error or tuple(a.shape) != tuple(b.shape):
+            return []
+        return [(s.scan, s.name, s.serial, s.node) for s in (a, b)]
+
+    def memory(n: int | None) -> int:  # both sides' chunks and their read-ahead
+        return 2 * (2 * chunk_bytes if n is None else min(n, 2 * chunk_bytes))
+
+    remote = other if other.storage.remote and not scan.storage.remote else scan
+    return run_jobs(remote, compare, jobs, reads, memory,
+                    lambda: bounded_map(compare, jobs, scan.pool()))  # fmt: skip
 
 
 def by_change(df: pd.DataFrame) -> pd.DataFrame:

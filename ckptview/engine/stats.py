@@ -131,6 +131,22 @@ def bounded_map(fn: Callable, items: list, executor: Executor | None,
         yield fut.result()
 
 
+def _map_stats(scan: Scan, jobs: list[tuple], chunk_bytes: int) -> Iterator[dict]:
+    """:func:`variable_stats` of each job, in order: on remote storage ``ckptview_max_
+    concurrency`` at once with small files fetched whole (:func:`.reads.run_jobs`), else
+    ``WINDOW`` at once on the executor."""
+    from .reads import run_jobs  # imported when values are read (not by opening a tree)
+
+    def memory(n: int | None) -> int:  # a chunk read, and its float64 copy
+        return 3 * (chunk_bytes if n is None else min(n, chunk_bytes))
+
+    def reads(job: tuple) -> list:  # what variable_stats reads: numeric values
+        return [job[:4]] if is_numeric(job[4]) else []
+
+    return run_jobs(scan, variable_stats, jobs, reads, memory,
+                    lambda: bounded_map(variable_stats, jobs, scan.pool()))  # fmt: skip
+
+
 def resolve_serial(scan: Scan, serial: int | None) -> int:
     """``serial`` checked to exist; None: the latest (else the highest) serial."""
     if serial is None:
@@ -159,7 +175,7 @@ def stats(scan: Scan, serial: int | None = None, names: Iterable[str] | None = N
         df = df[df["name"].isin(names)]
     rows = list(df.itertuples(index=False))
     jobs = [(scan, r.name, serial, r.node, r.dtype, chunk_bytes) for r in rows if r.error is None]
-    results = iter(bounded_map(variable_stats, jobs, scan.pool()))
+    results = iter(_map_stats(scan, jobs, chunk_bytes))
     out = []
     for r in rows:
         st = next(results) if r.error is None else nan_stats(r.error)
@@ -190,7 +206,7 @@ def trajectory(scan: Scan, name: str, stat: str = "l2", node: str = "",
     jobs = [(scan, r.name, r.serial, r.node, r.dtype, chunk_bytes) for r in rows]
     values = [
         st[stat] if r.error is None else math.nan
-        for r, st in zip(rows, bounded_map(variable_stats, jobs, scan.pool()))
+        for r, st in zip(rows, _map_stats(scan, jobs, chunk_bytes))
     ]
     index = pd.Index([int(r.serial) for r in rows], name="serial", dtype="int64")
     return pd.Series(values, index=index, name=f"{name}:{stat}", dtype="float64")

@@ -23,11 +23,13 @@ from .. import registry
 from ..dtypes import is_numeric, itemsize, np_dtype, packed_nbytes
 from ..formats.small import loads_json
 from ..formats.zipdir import DEFLATED, STORED, locate, read_directory
+from ..io import READ_BUDGET, WHOLE_FILE, Storage
 from ..model import VarInfo
 from ..scan.access import touches, unreadable_dirs
 from ..scan.core import Scan
 from ..scan.listing import FileResult
 from ..scan.tables import var_name
+from .reads import file_size
 
 FINDING_COLUMNS = ["serial", "file", "check", "severity", "message"]
 MAX_INDEX_BYTES = 64 << 20
@@ -50,15 +52,24 @@ def verify(scan: Scan, serials: Iterable[int] | None = None, deep: bool = False)
         if wanted is None or res.serial in wanted:
             by_serial[res.serial].append(res)
     found: list[Finding] = list(_denied(scan, wanted))
-    for serial in sorted(by_serial):
-        results = by_serial[serial]
-        for res in results:
-            found += _file_checks(scan, serial, res)
-        found += _ranges(scan, serial, results)
-        found += _indexes(scan, serial, results)
-        if deep:
+    order = sorted(by_serial)
+    # the deep checks run ahead (concurrently on remote storage) while the header checks of
+    # each serial are made; their findings come in file order
+    deep_found = _deep_all(scan, [(s, res) for s in order for res in by_serial[s]]) if deep else None
+    staged = _stage_indexes(scan, by_serial)
+    try:
+        for serial in order:
+            results = by_serial[serial]
             for res in results:
-                found += _deep(scan, serial, res)
+                found += _file_checks(scan, serial, res)
+            found += _ranges(scan, serial, results)
+            found += _indexes(scan, serial, results)
+            if deep_found is not None:
+                for _res in results:
+                    found += next(deep_found)
+    finally:
+        for path in staged:
+            scan.storage.unstage(path)
     df = pd.DataFrame(found, columns=FINDING_COLUMNS)
     if deep:
         fold(scan, by_serial, found)
@@ -141,12 +152,34 @@ def _ranges(scan: Scan, serial: int, results: list[FileResult]) -> Iterator[Find
 def _indexes(scan: Scan, serial: int, results: list[FileResult]) -> Iterator[Finding]:
     """Each ``*.index.json`` (safetensors / HF bin shards) beside the serial's files against
     the shards it names."""
+    for rel in _index_files(scan, results):
+        yield from _index(scan, serial, rel, results)
+
+
+def _index_files(scan: Scan, results: list[FileResult]) -> list[str]:
+    """The ``*.index.json`` files beside a serial's files (relative paths)."""
     tree = scan.tree
     dirs = {posixpath.dirname(tree.rel(r.ref.path)) for r in results}
-    for d in sorted(dirs):
-        for rel in tree.files(under=d, depth=1) if d else tree.files(depth=1):
-            if rel.endswith(".index.json"):
-                yield from _index(scan, serial, rel, results)
+    return [rel for d in sorted(dirs) for rel in (tree.files(under=d, depth=1) if d else
+            tree.files(depth=1)) if rel.endswith(".index.json")]  # fmt: skip
+
+
+def _stage_indexes(scan: Scan, by_serial: dict[int, list[FileResult]]) -> list[str]:
+    """On remote storage, every serial's index fetched now, all at once (each read by its
+    serial's checks later: no round trip one after another); the paths staged."""
+    storage, tree = scan.storage, scan.tree
+    if not storage.remote:
+        return []
+    staged, budget = [], READ_BUDGET
+    for results in by_serial.values():
+        for rel in _index_files(scan, results):
+            size = tree.size(rel)
+            if 0 < size <= min(MAX_INDEX_BYTES, budget):
+                path = tree.abs(rel)
+                storage.stage(path, size)
+                staged.append(path)
+                budget -= size
+    return staged
 
 
 def _index(scan: Scan, serial: int, rel: str, results: list[FileResult]) -> Iterator[Finding]:
@@ -196,6 +229,52 @@ def _index(scan: Scan, serial: int, rel: str, results: list[FileResult]) -> Iter
                f"metadata total_size {stated} != {total} bytes of indexed tensors")  # fmt: skip
 
 
+def _deep_all(scan: Scan, files: list[tuple[int, FileResult]]) -> Iterator[list[Finding]]:
+    """Each file's deep findings, in order. On local disk one file after another; on remote
+    storage ``ckptview_max_concurrency`` files at once, each file (and the files its
+    variables' spans lie in) of at most ``WHOLE_FILE`` bytes fetched whole in one request
+    (a deep check reads every byte: CRC-32s, then the values), larger ones streamed with
+    their chunks read ahead; working memory within the Storage's read budget."""
+    storage = scan.storage
+
+    def check(item: tuple[int, FileResult]) -> list[Finding]:
+        return list(_deep(scan, *item))
+
+    if not storage.remote:
+        return (check(item) for item in files)
+
+    planned: dict[int, tuple[list[tuple[Storage, str, int]], bool]] = {}
+
+    def plan(item: tuple[int, FileResult]) -> tuple[list[tuple[Storage, str, int]], bool]:
+        """The files fetched whole for a file's checks, and whether they are all it reads."""
+        res = item[1]
+        if id(res) in planned:
+            return planned[id(res)]
+        out: dict[str, int] = {}
+        # a file with values to read (not a marker or a note)
+        if res.codec and not res.error and any(
+            not v.error and is_numeric(v.dtype) for v in res.variables
+        ):
+            data = _data_files(scan, res)
+            size = int(res.ref.size or 0)  # its first bytes are looked at (a zip?) from 4 on
+            if (size >= 4 or res.ref.path in data) and not scan.tree.is_dir(
+                scan.tree.rel(res.ref.path)
+            ):
+                out[res.ref.path] = size
+            for path in data:
+                if path not in out:
+                    out[path] = file_size(scan, path)
+        whole = [(storage, path, size) for path, size in out.items() if 0 < size <= WHOLE_FILE]
+        planned[id(res)] = whole, bool(whole) and len(whole) == len(out)
+        return planned[id(res)]
+
+    def cost(item: tuple[int, FileResult]) -> int:  # a streamed file: chunks and copies
+        return 0 if plan(item)[1] else 3 * CRC_CHUNK
+
+    return storage.map_window(check, files, cost=cost, files=lambda item: plan(item)[0],
+                              inline=lambda item: plan(item)[1])  # fmt: skip
+
+
 def _deep(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
     """Every value read (NaN/inf counted), and the CRC-32 of the stored zip members."""
     url = scan.storage.url(res.ref.path)
@@ -213,9 +292,9 @@ def _deep(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
                 yield serial, url, "checksum", "error", f"{name}: {problem}"
         except Exception as e:  # noqa: BLE001 - a checksum that cannot be read is the finding
             yield serial, url, "checksum", "error", f"checksum unreadable: {type(e).__name__}: {e}"
-    for var in res.variables:
-        if var.error or not is_numeric(var.dtype):
-            continue
+    numeric = [var for var in res.variables if not var.error and is_numeric(var.dtype)]
+
+    def values(var: VarInfo) -> Finding | None:
         name = var_name(res.ref, var)
         try:
             n_nan = n_inf = 0
@@ -224,10 +303,43 @@ def _deep(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
                     n_nan += int(np.isnan(chunk).sum())
                     n_inf += int(np.isinf(chunk).sum())
         except Exception as e:  # noqa: BLE001 - a failed read is the finding
-            yield serial, url, "read", "error", f"{name}: {type(e).__name__}: {e}"
-            continue
+            return serial, url, "read", "error", f"{name}: {type(e).__name__}: {e}"
         if n_nan or n_inf:
-            yield serial, url, "values", "warning", f"{name}: {n_nan} NaN, {n_inf} inf"
+            return serial, url, "values", "warning", f"{name}: {n_nan} NaN, {n_inf} inf"
+        return None
+
+    def memory(var: VarInfo) -> int:  # a chunk and its NaN/inf masks
+        return 2 * min(var.nbytes or CRC_CHUNK, CRC_CHUNK)
+
+    # on remote storage variables whose values are not in memory (a file fetched whole)
+    # are read at once: DCP ranks, Orbax arrays, files too large to fetch whole
+    storage = scan.storage
+    held = not storage.remote or all(storage.held(p) for p in _data_files(scan, res, numeric))
+    run = (values(v) for v in numeric) if held else storage.map_window(values, numeric, cost=memory)
+    for finding in run:
+        if finding is not None:
+            yield finding
+
+
+def _data_files(scan: Scan, res: FileResult, variables: list[VarInfo] | None = None) -> list[str]:
+    """The files the values of a file's variables lie in (its codec's spans), in order; a
+    variable whose codec cannot say is taken to be in its own file."""
+    out: dict[str, None] = {}
+    try:
+        codec = registry.get_codec(res.codec) if res.codec else None
+    except Exception:  # noqa: BLE001 - a plan only
+        codec = None
+    blob = scan.storage.blob(res.ref.path, res.ref.size)
+    for var in res.variables if variables is None else variables:
+        if var.error:
+            continue
+        try:
+            spans = codec.spans(blob, var) if codec is not None else None
+        except Exception:  # noqa: BLE001 - a plan only: the read itself reports
+            spans = None
+        for path, _offset, _length in [(res.ref.path, 0, 0)] if spans is None else spans:
+            out[path] = None
+    return list(out)
 
 
 def _zip_crcs(serial: int, url: str, blob, silent: bool = False) -> Iterator[Finding]:
@@ -260,15 +372,19 @@ def _zip_crcs(serial: int, url: str, blob, silent: bool = False) -> Iterator[Fin
 
 
 def _member_crc(blob, member, start: int) -> int:
-    """The CRC-32 of a member's uncompressed bytes, streamed in bounded memory."""
+    """The CRC-32 of a member's uncompressed bytes, streamed in bounded memory (on remote
+    storage the next chunks read while one is summed: ``Blob.read_many``)."""
     crc = 0
+    size = member.file_size if member.compress_type == STORED else member.compress_size
+    chunks = blob.read_many((start + at, min(CRC_CHUNK, size - at))
+                            for at in range(0, size, CRC_CHUNK))  # fmt: skip
     if member.compress_type == STORED:
-        for at in range(0, member.file_size, CRC_CHUNK):
-            crc = zlib.crc32(blob.read(start + at, min(CRC_CHUNK, member.file_size - at)), crc)
+        for data in chunks:
+            crc = zlib.crc32(data, crc)
         return crc
-    inflate, size, n = zlib.decompressobj(-15), member.compress_size, 0
-    for at in range(0, size, CRC_CHUNK):
-        data = inflate.decompress(blob.read(start + at, min(CRC_CHUNK, size - at)), CRC_CHUNK)
+    inflate, n = zlib.decompressobj(-15), 0
+    for raw in chunks:
+        data = inflate.decompress(raw, CRC_CHUNK)
         while True:
             crc, n = zlib.crc32(data, crc), n + len(data)
             if not inflate.unconsumed_tail:

@@ -350,13 +350,18 @@ class Scan:
         if var.error:
             raise ValueError(f"{name}: {var.error}")
         if res.codec == ASSEMBLED:
-            return read_assembled(var, self._read_piece, self._chunk_piece)
+            return read_assembled(var, self._read_piece, self._chunk_piece, run=self._concurrently)
         if res.codec == QUANTIZED:
             return read_quantized(var, self._read_piece, dequantize)
         if not dequantize and var.attrs.get("quant"):
             codec, blob = self._codec_blob(res)
             return codec.read_stored(blob, var)
         return self._read_piece(res, var)
+
+    def _concurrently(self, fn: Callable, items: list, cost: Callable | None = None) -> Iterator:
+        """``fn(item)`` per item in order; the pieces of a tensor read concurrently on remote
+        storage (``Storage.map_window``), one after another on local disk."""
+        return self.storage.map_window(fn, items, cost)
 
     def _read_piece(self, res: FileResult, var: VarInfo) -> np.ndarray:
         if var.error:
@@ -385,7 +390,7 @@ class Scan:
         if var.error:
             raise ValueError(f"{name}: {var.error}")
         if res.codec == ASSEMBLED:
-            return iter_assembled(var, self._read_piece, self._chunk_piece, max_bytes)
+            return iter_assembled(var, self._read_piece, self._chunk_piece, max_bytes, self._concurrently)
         if res.codec == QUANTIZED:
             return iter_quantized(var, self._read_piece, max_bytes)
         return self._chunk_piece(res, var, max_bytes)

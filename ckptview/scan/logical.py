@@ -12,7 +12,7 @@ the shards) stays that one row; its pieces are still listed in the shards table.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -31,6 +31,15 @@ SMALL = 32
 PiecesOf = Callable[[FileRef, Sequence[VarInfo]], "list[Piece | None] | None"]
 ReadPiece = Callable[[FileResult, VarInfo], np.ndarray]
 ChunkPiece = Callable[[FileResult, VarInfo, int], Iterator[np.ndarray]]
+#: ``run(fn, items, cost)``: ``fn(item)`` for each item, results in order (``Storage.map_window``:
+#: several at once on remote storage, within a budget of ``cost(item)`` bytes)
+Run = Callable[..., Iterator]
+
+
+def in_turn(fn: Callable, items: Iterable, cost: Callable | None = None) -> Iterator:
+    """The plain :data:`Run`: one item after another."""
+    for item in items:
+        yield fn(item)
 
 
 @dataclass
@@ -361,40 +370,57 @@ def _where(res: FileResult) -> str:
 
 # -- reading ----------------------------------------------------------------------------------
 def read_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
-                   max_bytes: int = 64 << 20) -> np.ndarray:  # fmt: skip
+                   max_bytes: int = 64 << 20, run: Run = in_turn) -> np.ndarray:  # fmt: skip
     """The full tensor, filled piece by piece into one preallocated array: a piece that is
     contiguous in the result (split on the first axis) streams in chunks, others are read
-    whole (peak: the result plus one piece). The result is allocated uninitialised only once
-    the pieces are proven to cover it exactly, and each piece must fill its whole box."""
+    whole (peak: the result plus one piece per piece in flight). The pieces go through
+    ``run`` (several at once on remote storage: each fills its own box). The result is
+    allocated uninitialised only once the pieces are proven to cover it exactly, and each
+    piece must fill its whole box."""
     _check_cover(var)
     out = np.empty(var.shape, dtype=np_dtype(var.dtype))
     flat = out.reshape(-1)
-    for p in var.locator:
-        if p.copy:
-            continue
+
+    def fill(p: Placed) -> None:
         if p.rows is None and _rows(p, var.shape):
             at = _flat_start(p.offsets, var.shape)
             _stream(flat, at, p, chunk_piece(p.res, p.var, max_bytes))
-            continue
+            return
         if p.rows is None and p.var.shape:
             _fill_rows(out, p, chunk_piece(p.res, p.var, max_bytes))
-            continue
+            return
         index = tuple(slice(o, o + s) for o, s in zip(p.offsets, p.shape, strict=True))
         values = read_piece(p.res, p.var)
         out[index] = values if p.rows is None else values[p.rows[0] : p.rows[1]]
+
+    def cost(p: Placed) -> int:  # a streamed piece holds a chunk, others all their bytes
+        streams = p.rows is None and bool(p.var.shape)
+        return min(p.nbytes, max_bytes) if streams else stored_nbytes(p.var)
+
+    for _ in run(fill, [p for p in var.locator if not p.copy], cost):
+        pass
     return out
 
 
 def iter_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
-                   max_bytes: int) -> Iterator[np.ndarray]:  # fmt: skip
+                   max_bytes: int, run: Run = in_turn) -> Iterator[np.ndarray]:  # fmt: skip
     """The tensor's values in C order as flat chunks: piece by piece when the pieces split it
-    on the first axis (memory: one chunk), else assembled first."""
+    on the first axis (memory: one chunk; pieces of at most a chunk go through ``run``, so
+    on remote storage the next ones are read while one is used), else assembled first."""
     _check_cover(var)
     pieces = sorted((p for p in var.locator if not p.copy), key=lambda p: p.offsets)
     if all(p.rows is None and _rows(p, var.shape) for p in pieces):
-        for p in pieces:
+
+        def small(p: Placed) -> bool:
+            return p.nbytes <= max_bytes
+
+        def fetch(p: Placed) -> list[np.ndarray] | None:  # a large piece streams in turn
+            return list(chunk_piece(p.res, p.var, max_bytes)) if small(p) else None
+
+        fetched = run(fetch, pieces, lambda p: p.nbytes if small(p) else 0)
+        for p, held in zip(pieces, fetched):
             got, want = 0, math.prod(p.shape)
-            for chunk in chunk_piece(p.res, p.var, max_bytes):
+            for chunk in held if held is not None else chunk_piece(p.res, p.var, max_bytes):
                 got += chunk.size
                 if got > want:
                     break
@@ -402,7 +428,7 @@ def iter_assembled(var: VarInfo, read_piece: ReadPiece, chunk_piece: ChunkPiece,
             if got != want:
                 raise ValueError(f"{var.name}: {_label(p)} gave {got} of {want} values")
         return
-    flat = read_assembled(var, read_piece, chunk_piece, max_bytes).reshape(-1)
+    flat = read_assembled(var, read_piece, chunk_piece, max_bytes, run).reshape(-1)
     step = max(1, max_bytes // max(1, flat.itemsize))
     for at in range(0, flat.size, step):
         yield flat[at : at + step]
