@@ -277,8 +277,11 @@ def test_s3_experiment_equals_each_local_run(s3, proxy):
     runs opened several at once on the pool (a remote store), headers ranged."""
     from s3server import set_delay
 
+    prefix = f"exp-{uuid.uuid4().hex[:8]}"  # its own prefix: other tests add trees beside
+    for rel in TREES:
+        upload(s3["fs"], corpus_path(rel), s3["bucket"], f"{prefix}/{rel}")
     set_delay(proxy, 0.05, ("GET", "HEAD"))
-    exp = cv.open_experiment(f"s3://{s3['bucket']}", cache=False,
+    exp = cv.open_experiment(f"s3://{s3['bucket']}/{prefix}", cache=False,
                              storage_options=storage_options(proxy.endpoint))  # fmt: skip
     runs = exp.runs
     assert sorted(runs.index) == sorted(TREES)
