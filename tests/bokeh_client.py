@@ -29,8 +29,9 @@ async def send(ws, msgtype: str, content: dict) -> None:
     await ws.write_message(json.dumps(content))
 
 
-async def open_document(url: str, timeout: float = 600):
-    """GET the page at ``url``, connect its WebSocket and pull its document; the socket."""
+async def open_document(url: str, timeout: float = 600, content: bool = False):
+    """GET the page at ``url``, connect its WebSocket and pull its document; the socket
+    (``content``: and the document, as the JSON text of the server's reply)."""
     from tornado.httpclient import AsyncHTTPClient
     from tornado.websocket import websocket_connect
 
@@ -41,9 +42,34 @@ async def open_document(url: str, timeout: float = 600):
     try:
         await message(ws)  # ACK
         await send(ws, "PULL-DOC-REQ", {})
-        while (await message(ws))[0]["msgtype"] != "PULL-DOC-REPLY":
-            pass
+        while True:
+            header, doc = await message(ws)
+            if header["msgtype"] == "PULL-DOC-REPLY":
+                break
     except BaseException:
         ws.close()
         raise
-    return ws
+    return (ws, doc) if content else ws
+
+
+def seen(doc: str) -> dict:
+    """The PATCH-DOC content a browser sends once the visitor sees the page's placeholder of
+    the parts built when seen (``ckptview.widgets._base.SeenMarker``), given the document."""
+    import json
+
+    def models(node):
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "id" in node:
+                yield node
+            for value in node.values():
+                yield from models(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from models(value)
+
+    for model in models(json.loads(doc)):
+        attributes = model.get("attributes", {})
+        if "ckptview-later" in str(attributes.get("html", "")):  # the marker; its data model:
+            return {"events": [{"kind": "ModelChanged", "model": {"id": attributes["data"]["id"]},
+                                "attr": "seen", "new": True}]}  # fmt: skip
+    raise LookupError("no placeholder waiting to be seen in the document")

@@ -107,3 +107,19 @@ def shared_stays_untouched():
     yield
     after = set(written()) - before
     assert not after, f"tests wrote into ../shared: {sorted(map(str, after))[:5]}"
+
+
+def reveal(page, timeout: float = 60_000) -> None:
+    """As a visitor scrolling down the Browse tab: the timeline and the variables below the
+    serials table are built once their placeholder is seen (``draw_when_seen``); scroll it
+    into view and wait until they replaced it (at once when the page already showed it)."""
+    from playwright.sync_api import expect
+
+    expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=timeout)
+    later = page.locator(".ckptview-later")
+    if later.count():
+        try:
+            later.first.scroll_into_view_if_needed(timeout=timeout)
+        except Exception:  # noqa: BLE001, S110 - seen and replaced meanwhile
+            pass
+    expect(later).to_have_count(0, timeout=timeout)

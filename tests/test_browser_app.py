@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import corpus_path, free_port
+from conftest import corpus_path, free_port, reveal
 from playwright.sync_api import Page, expect
 
 import ckptview as cv
@@ -181,6 +181,7 @@ def test_serials_and_variables_of_the_demo(page: Page, writable):
     cat = cv.open(root)
     page.goto(server.url)
     expect_serials(page, cat)
+    reveal(page)  # scrolled to the variables: built once seen
     counts = cat.variables.groupby("serial").size()
     heading = page.locator(".ckptview-vars-heading")
     expect(heading).to_contain_text(f"Serial {cat.latest} · {counts[cat.latest]} variables")
@@ -420,6 +421,7 @@ def test_a_parser_crash_costs_one_error_row_not_the_server(page: Page, tmp_path)
         row = page.locator(".ckptview-serials .tabulator-row").first
         expect(row.locator("[tabulator-field=error]")).to_contain_text("SIGSEGV", timeout=WAIT)
         expect(row.locator("[tabulator-field=error]")).to_contain_text("big.hog: MemoryError")
+        reveal(page)
         variables = page.locator(".ckptview-variables")
         expect(variables).to_contain_text("killed its worker process", timeout=WAIT)
         assert server.proc.poll() is None  # the server lives on

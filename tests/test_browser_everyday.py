@@ -5,7 +5,7 @@ boxes that follow the dark theme, and no page error on Compare -> Browse -> a va
 from __future__ import annotations
 
 import pytest
-from conftest import corpus_path
+from conftest import corpus_path, reveal
 from playwright.sync_api import Browser, Page, expect
 from test_browser_app import WAIT, Server
 
@@ -81,6 +81,7 @@ def themed(request, browser: Browser, served) -> Page:
     page.errors = []  # type: ignore[attr-defined]
     page.on("pageerror", lambda e: page.errors.append(str(e)))  # type: ignore[attr-defined]
     page.goto(served.url + ("?theme=dark" if request.param == "dark" else ""))
+    reveal(page)  # the variables below the serials: built once scrolled to
     expect(page.locator(".ckptview-variables .tabulator-row").first).to_be_visible(timeout=WAIT)
     page.theme = request.param  # type: ignore[attr-defined]
     yield page

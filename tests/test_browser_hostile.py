@@ -12,7 +12,7 @@ literal text (``<img`` visible).
 from __future__ import annotations
 
 import pytest
-from conftest import corpus_path
+from conftest import corpus_path, reveal
 from hostile_names import (
     BROKEN_FILE,
     METRIC,
@@ -93,6 +93,7 @@ def test_browse_shows_names_as_text(page: Page, served, hostile):
     expect(options).to_contain_text(METRIC_CODE)  # not a default column: offered here
     assert_inert(page, "columns chooser")
     page.keyboard.press("Escape")
+    reveal(page)  # the timeline and the variables: built once scrolled to
     timeline = page.locator(".ckptview-timeline-y select")
     expect(timeline.locator("option", has_text=METRIC)).to_have_count(1)
     timeline.select_option(label=METRIC)

@@ -7,8 +7,9 @@ One server and one page per theme for the whole module (the tabs are visited in 
 from __future__ import annotations
 
 import pytest
+from conftest import reveal
 from playwright.sync_api import Browser, Page, expect
-from test_browser_app import SERIALS, WAIT, Server
+from test_browser_app import SCROLL_TOP, SERIALS, WAIT, Server
 
 import ckptview as cv
 from ckptview.demo import write_demo
@@ -87,6 +88,8 @@ def themed(request, browser: Browser, served) -> Page:
     page = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
     page.goto(server.url + ("?theme=dark" if request.param == "dark" else ""))
     expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+    reveal(page)  # the timeline and the variables below the serials: built once scrolled to
+    page.evaluate(SCROLL_TOP)
     page.theme = request.param  # type: ignore[attr-defined] - read by the tests
     yield page
     page.close()

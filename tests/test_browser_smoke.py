@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import free_port, reveal
 from playwright.sync_api import expect
 
 import ckptview as cv
@@ -89,6 +89,7 @@ def test_serials_listed_and_a_click_shows_variables(page, served, demo):
     serial_rows = page.locator(".ckptview-serials .tabulator-row")
     expect(serial_rows).to_have_count(SERIALS, timeout=60_000)
     expect(serial_rows.first).to_contain_text("trainer_0")
+    reveal(page)  # the variables below the serials: built once scrolled to
     heading = page.locator(".ckptview-vars-heading")
     latest = demo.latest
     expect(heading).to_contain_text(f"Serial {latest} · {counts[latest]} variables")

@@ -53,10 +53,10 @@ class Served:
     output in ``log`` (a file, readable while it runs) when given, with ``env`` added."""
 
     def __init__(self, tree: Path, *args: str, timeout: float = 120, log: Path | None = None,
-                 env: dict[str, str] | None = None):  # fmt: skip
+                 env: dict[str, str] | None = None, warm: bool = False):  # fmt: skip
         self.port = free_port()
         cmd = [sys.executable, "-m", "ckptview.cli", "serve", str(tree), "--port", str(self.port),
-               "--no-warm", "--poll", "0", *args]  # fmt: skip
+               *([] if warm else ["--no-warm"]), "--poll", "0", *args]  # fmt: skip
         self.log = log
         with open(log, "w") if log else contextlib.nullcontext(subprocess.PIPE) as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True,
@@ -246,6 +246,42 @@ def test_the_command_line_passes_the_options_on():
     for flag, value in (("--basic-auth", "users.json"), ("--cookie-secret", "c"),
                         ("--allow-websocket-origin", "h:1")):  # fmt: skip
         assert cmd[cmd.index(flag) + 1] == value
+    assert "--num-procs" not in cmd  # one process unless asked
+    cmd = serve_cli.command(args("--num-procs", "4"), Path("app.py"))
+    assert cmd[cmd.index("--num-procs") + 1] == "4" and cmd.index("--num-procs") < cmd.index("--args")
     assert serve_cli.login_env(args("--basic-auth", "pw"))["PANEL_COOKIE_SECRET"]
     assert serve_cli.login_env(args("--basic-auth", "pw", "--cookie-secret", "c")) == {}
     assert serve_cli.login_env(args()) == {}
+
+
+def test_num_procs_serves_from_warm_processes_that_stop_with_their_parent(tree):
+    """``--num-procs 2``: two forked processes answer, each catalogued the tree before its
+    first page (no page shows the loading progress), and a ``kill`` of the parent stops them."""
+    import asyncio
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from bokeh_client import open_document
+
+    server = Served(tree, "--num-procs", "2", warm=True, timeout=240)
+    try:
+        workers = psutil.Process(server.proc.pid).children()
+        assert len(workers) == 2
+
+        async def documents(n: int) -> list[str]:
+            docs = []
+            for _ in range(n):
+                ws, doc = await open_document(f"http://127.0.0.1:{server.port}/{APP}",
+                                              timeout=120, content=True)  # fmt: skip
+                ws.close()
+                docs.append(doc)
+            return docs
+
+        for doc in asyncio.run(documents(6)):
+            assert "ckptview-serials" in doc and "ckptview-loading" not in doc
+    finally:
+        server.proc.terminate()  # the parent only, as `kill PID` does
+        server.proc.wait(timeout=30)
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    for proc in alive:
+        proc.kill()
+    assert not alive, "a forked server process outlived its parent"

@@ -20,7 +20,7 @@ import panel as pn
 import panel_material_ui as pmui
 import pytest
 from bokeh.document import Document
-from bokeh_client import READY, message, open_document, send
+from bokeh_client import READY, message, open_document, seen, send
 from conftest import free_port
 from panel.io.state import set_curdoc
 
@@ -30,8 +30,12 @@ from ckptview.widgets import app as appmod
 from ckptview.widgets._base import Workspace
 from ckptview.widgets.app import TABS, Dashboard, build_app
 from ckptview.widgets.compare import CompareView
+from ckptview.widgets.detail import VariableDetail
 from ckptview.widgets.restore import RestoreView
 from ckptview.widgets.retention import RetentionView
+from ckptview.widgets.serials import SerialsTable
+from ckptview.widgets.variables import VariablesTable
+from ckptview.widgets.verify import VerifyPanel
 
 #: Bokeh models of a demo page: 288 when every view was built at once, 243 with the Browse tab
 #: only, 157 now (columns share their editor and formatter, the serials table holds only its
@@ -39,9 +43,12 @@ from ckptview.widgets.retention import RetentionView
 #: timeline is a plain Bokeh figure); a margin
 #: for library versions, none for a second tab built eagerly (Compare alone is ~70 models)
 MAX_MODELS = 175
-#: served, the timeline, the variables and the tree picker join once the page is up: what
-#: the first response holds (the shell, the run chooser, the serials table)
-MAX_SERVED_MODELS = 100
+#: served, what the first response holds (the shell, the run chooser, the serials table and
+#: one placeholder below it): 100 models when the timeline and the variables came with the
+#: tree picker once the page was up, 53 now that they wait for the visitor to scroll to them
+#: (and the tabs send no empty header panes); a margin for library versions, none for the
+#: timeline (~40 models) or the variables (~45)
+MAX_SERVED_MODELS = 65
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +90,10 @@ def test_a_session_builds_the_browse_tab_only(demo):
 
 
 def test_a_served_page_sends_the_serials_first(demo):
-    """The document a browser pulls first: the serials table, and placeholders where the
-    timeline, the variables and the tree picker are drawn once the page reports it is up
-    (``document_ready``, which this client never sends)."""
+    """The document a browser pulls first: the serials table, a placeholder where the tree
+    picker is drawn once the page reports it is up (``document_ready``, which this client
+    never sends) and one where the timeline and the variables are drawn once the visitor
+    sees it."""
     from bokeh.client import pull_session
 
     app = lambda: build_app([str(demo)], poll_seconds=0)  # noqa: E731
@@ -94,23 +102,35 @@ def test_a_served_page_sends_the_serials_first(demo):
     kinds = Counter(type(m).__name__ for m in models)
     assert kinds["DataTabulator"] == 1 and kinds["Figure"] + kinds["figure"] == 0, kinds
     assert kinds["TextInput"] == 0  # the picker's and the variables' filters wait
+    assert kinds["Select"] + kinds["CustomSelect"] == 0  # the timeline's chooser waits too
     assert len(models) <= MAX_SERVED_MODELS, (len(models), kinds.most_common(12))
+    headers = [m for m in models if "&lt;pre&gt; &lt;/pre&gt;" in str(getattr(m, "text", ""))]
+    assert not headers  # no empty header pane per tab
 
 
-async def _late_messages(url: str, quiet: float = 3.0) -> list[str]:
+async def _late_messages(url: str, quiet: float = 3.0, then_seen: bool = False):
     """As a browser: the page, its document, then ``document_ready``; the PATCH-DOC contents
-    the server sends after it, until ``quiet`` seconds pass without one."""
-    ws = await open_document(url, timeout=120)
-    try:
-        await send(ws, "PATCH-DOC", READY)
-        patches = []
+    the server sends after it, until ``quiet`` seconds pass without one (``then_seen``: and
+    those it sends once the page says the visitor sees the placeholder below the serials)."""
+    ws, doc = await open_document(url, timeout=120, content=True)
+
+    async def patches() -> list[str]:
+        got = []
         while True:
             try:
                 header, content = await asyncio.wait_for(message(ws), quiet)
             except asyncio.TimeoutError:
-                return patches
+                return got
             if header["msgtype"] == "PATCH-DOC":
-                patches.append(content)
+                got.append(content)
+
+    try:
+        await send(ws, "PATCH-DOC", READY)
+        ready = await patches()
+        if not then_seen:
+            return ready
+        await send(ws, "PATCH-DOC", seen(doc))
+        return ready, await patches()
     finally:
         ws.close()
 
@@ -128,18 +148,46 @@ def serving(app, **kwargs):
         server.stop()
 
 
-def test_the_parts_drawn_after_the_first_paint_come_in_one_message(demo):
-    """Once the page says it is ready, the timeline, the variables and the tree picker are
-    built in one batch: one walk of the document's models and one message to the browser
-    (three separate fills cost a walk and a message each)."""
+def test_the_parts_below_the_serials_wait_until_seen_and_come_in_one_message(demo, monkeypatch):
+    """Once the page says it is ready, the tree picker is drawn; the timeline and the
+    variables (with their verify action and the variable's detail) are not even built until
+    the page says the visitor sees their placeholder (scrolled to it): then all of them in
+    one batch, one walk of the document's models and one message to the browser."""
+    built = Counter()
+    for cls in (VariablesTable, VariableDetail, VerifyPanel):
+        init = cls.__init__
+
+        def counted(self, *args, _init=init, _name=cls.__name__, **kwargs):
+            built[_name] += 1
+            _init(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__init__", counted)
     appmod.shared_catalog(str(demo))  # catalogued before the first page, as with --warm
     with serving(lambda: build_app([str(demo)], poll_seconds=0)) as url:
-        patches = asyncio.run(_late_messages(url))
-    assert len(patches) == 1, [p[:200] for p in patches]
-    late = patches[0]
-    for part in ('"name":"Figure"', '"name":"panel.models.widgets.TextInput"',
-                 '"ckptview-variables"'):
-        assert part in late, part  # the timeline, the picker's fields, the variables table
+        ready, after_seen = asyncio.run(_late_messages(url, then_seen=True))
+    assert len(ready) == 1, [p[:200] for p in ready]  # the picker
+    assert '"name":"panel.models.widgets.TextInput"' in ready[0]
+    assert '"name":"Figure"' not in ready[0] and '"ckptview-variables"' not in ready[0]
+    assert len(after_seen) == 1, [p[:200] for p in after_seen]
+    for part in ('"name":"Figure"', '"ckptview-variables"', '"ckptview-timeline-y"',
+                 '"ckptview-verify"', '"ckptview-detail-info"'):  # fmt: skip
+        assert part in after_seen[0], part
+    assert built == {"VariablesTable": 1, "VariableDetail": 1, "VerifyPanel": 1}
+
+
+def test_a_page_never_scrolled_builds_nothing_below_the_serials(demo, monkeypatch):
+    """A visitor who only looks at the first screen costs the server no timeline, variables,
+    detail or verify action."""
+    timelines, parts = [], Counter()
+    monkeypatch.setattr(SerialsTable, "timeline", lambda self: timelines.append(1) or None)
+    for cls in (VariablesTable, VariableDetail, VerifyPanel):
+        monkeypatch.setattr(cls, "__init__", lambda self, *a, _n=cls.__name__, **k:
+                            parts.update([_n]))  # fmt: skip
+    appmod.shared_catalog(str(demo))
+    with serving(lambda: build_app([str(demo)], poll_seconds=0)) as url:
+        ready = asyncio.run(_late_messages(url))
+    assert len(ready) == 1  # the picker
+    assert not timelines and not parts
 
 
 def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():
@@ -247,3 +295,19 @@ def test_served_sessions_are_released_when_they_end(demo, monkeypatch):
         assert set(pn.state._views) <= views_before  # no served session's models left there
         busy = pn.state.param.watchers.get("busy", {}).get("value", [])
         assert len(busy) <= busy_before  # no served page still follows pn.state.busy
+
+
+def test_a_run_browser_builds_what_is_below_its_serials_on_first_use(demo):
+    """The variables, the detail and the verify action are made when first shown (at once
+    outside a server), for the serial selected by then."""
+    from ckptview.widgets.browser import RunBrowser
+
+    browser = RunBrowser(cv.open(demo), poll_seconds=0)
+    assert browser.built == []
+    browser.serials.select(1)  # a click before anything below was shown
+    assert browser.built == []
+    pn.panel(browser)  # a notebook: everything at once
+    assert browser.built == ["variables", "detail", "verify"]
+    assert browser.variables.serial == browser.verify.serial == browser.detail.serial == 1
+    browser.serials.select(2)
+    assert browser.variables.serial == browser.verify.serial == 2

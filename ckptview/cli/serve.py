@@ -51,6 +51,12 @@ def register(sub) -> None:
         help="start serving at once and catalogue the trees in the background (a page opened "
              "meanwhile shows how far it got, then the tree) instead of before the first page",
     )
+    p.add_argument(
+        "--num-procs", type=int, default=1, metavar="N",
+        help="serve from N processes (panel serve's --num-procs; 0: one per core; default 1): "
+             "more visitors at once on a machine with more cores, each process with its own "
+             "copy of the catalogs (see docs/sharing.md)",
+    )  # fmt: skip
     p.add_argument("--show", action="store_true", help="open the page in a browser")
     p.add_argument(
         "--allow-websocket-origin", action="append", default=[], metavar="HOST[:PORT]",
@@ -99,6 +105,8 @@ def command(args, app: Path) -> list[str]:
         cmd += ["--basic-auth", args.basic_auth]
     if getattr(args, "cookie_secret", None):
         cmd += ["--cookie-secret", args.cookie_secret]
+    if getattr(args, "num_procs", 1) != 1:
+        cmd += ["--num-procs", str(args.num_procs)]
     if args.show:
         cmd.append("--show")
     if getattr(args, "warm", True):

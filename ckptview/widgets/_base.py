@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 import panel as pn
 import param
+from panel.reactive import ReactiveHTML
 
 import ckptview as cv
 from ckptview.tree import Tree
@@ -198,18 +199,33 @@ def served() -> bool:
 #: the attribute of a served Document still being built: the fills :func:`draw_later` queued
 #: for it (on the Document itself: they go when it goes, even if the page never got ready)
 _LATER = "_ckptview_draw_later"
+#: the attribute of a served Document: the fills :func:`draw_when_seen` queued for it, None
+#: once they were drawn (on the Document itself, as ``_LATER``)
+_SEEN = "_ckptview_draw_when_seen"
+
+
+def _fill(doc, fills: list) -> None:
+    """Build every part of ``fills`` (``(area, make)``) into its area in one batch: one walk of
+    the document's models and one message to the browser for all of them."""
+    from panel.io.document import hold
+
+    with hold(doc, freeze=True):
+        for target, build in fills:
+            try:
+                target.objects = [build()]
+            except Exception as e:  # noqa: BLE001 - the other parts still drawn
+                target.objects = [notice(md_problem(e, "draw this part"), "danger")]
 
 
 def draw_later(area: pn.layout.ListLike, make: Callable[[], Any]) -> None:
     """Fill ``area`` with ``make()``: served, while a page is first built, once it is up;
     otherwise (a notebook, a page already shown) at once.
 
-    The first page paints sooner without the parts below its first table (the plot, the
-    variables, the tree picker), built on the next turn of the event loop after the page said
-    it is ready, all in one batch: one walk of the document's models and one message to the
-    browser for all of them. Content that joins a page already shown is built whole: a table
-    shown and resized by content arriving a moment later (before Tabulator built it) breaks
-    the page."""
+    The first page paints sooner without the parts it does not need for its first table (the
+    tree picker), built on the next turn of the event loop after the page said it is ready,
+    all in one batch: one walk of the document's models and one message to the browser for
+    all of them. Content that joins a page already shown is built whole: a table shown and
+    resized by content arriving a moment later (before Tabulator built it) breaks the page."""
     if not served() or pn.state.loaded:
         area.objects = [make()]
         return
@@ -220,19 +236,93 @@ def draw_later(area: pn.layout.ListLike, make: Callable[[], Any]) -> None:
         setattr(doc, _LATER, queued)
 
         def fill_all() -> None:
-            from panel.io.document import hold
-
             fills = getattr(doc, _LATER, [])
             setattr(doc, _LATER, None)
-            with hold(doc, freeze=True):
-                for target, build in fills:
-                    try:
-                        target.objects = [build()]
-                    except Exception as e:  # noqa: BLE001 - the other parts still drawn
-                        target.objects = [notice(md_problem(e, "draw this part"), "danger")]
+            _fill(doc, fills)
 
         pn.state.onload(lambda: doc.add_next_tick_callback(fill_all))
     queued.append((area, make))
+
+
+class SeenMarker(ReactiveHTML):
+    """A placeholder that tells the server once the visitor sees it (its top within the
+    browser's viewport: the page scrolled to it, or the page short enough to show it)."""
+
+    seen = param.Boolean(default=False, doc="set by the browser, once")
+    text = param.String(default="", doc="what the placeholder says meanwhile (plain text)")
+
+    _child_config = {"text": "literal"}  # noqa: RUF012 - Panel's class attribute
+
+    _template = (
+        '<div id="mark" class="ckptview-later" style="min-height: 24px; padding: 4px 0;'
+        ' opacity: 0.6; font-size: 13px">${text}</div>'
+    )
+    #: seen once it has stayed in view a moment: while the page is first laid out (a table
+    #: before its rows are drawn) what is below the first screen passes through it
+    _scripts = {  # noqa: RUF012 - Panel's class attribute
+        "render": """
+            if (data.seen) return
+            const fire = () => {
+              if (state.observer) state.observer.disconnect()
+              data.seen = true
+            }
+            if (!("IntersectionObserver" in window)) { fire(); return }
+            state.observer = new IntersectionObserver((entries) => {
+              clearTimeout(state.timer)
+              if (!entries.some((e) => e.isIntersecting)) return
+              state.timer = setTimeout(() => {
+                const r = mark.getBoundingClientRect()
+                if (r.height > 0 && r.top < window.innerHeight && r.bottom > 0) fire()
+              }, 500)
+            })
+            state.observer.observe(mark)
+        """,
+        "remove": """
+            clearTimeout(state.timer)
+            if (state.observer) state.observer.disconnect()
+        """,
+    }
+
+
+def draw_when_seen(area: pn.layout.ListLike, make: Callable[[], Any], text: str = "",
+                   marker: bool = True) -> None:  # fmt: skip
+    """Fill ``area`` with ``make()``: served, while a page is first built, once the visitor
+    sees ``area`` (scrolled to it, or the page short enough to show it) or :func:`reveal`
+    asks for it; otherwise (a notebook, a page already shown) at once.
+
+    What is below the first screen of a page (the timeline and the variables under the
+    serials table) is not built for a visitor who never looks at it: the server's work per
+    page is then what the first screen shows. Every part queued for the page is built in one
+    batch when the first is seen (they are next to each other), as :func:`draw_later` does.
+    ``text`` stands in the placeholder meanwhile; ``marker=False``: ``area`` waits for a part
+    queued before it on the page (just above it) to be seen, with no placeholder of its own."""
+    doc = pn.state.curdoc
+    if not served() or pn.state.loaded or getattr(doc, _SEEN, []) is None:
+        area.objects = [make()]
+        return
+    queued = getattr(doc, _SEEN, None)
+    if queued is None:
+        queued = []
+        setattr(doc, _SEEN, queued)
+    queued.append((area, make))
+    if not marker and len(queued) > 1:
+        area.objects = []
+        return
+    mark = SeenMarker(text=text, sizing_mode="stretch_width", margin=(5, 10))
+    mark.param.watch(lambda event: doc.add_next_tick_callback(lambda: reveal(doc)), "seen")
+    area.objects = [mark]
+
+
+def reveal(doc=None) -> bool:
+    """Build now what :func:`draw_when_seen` queued for ``doc`` (default: the current
+    document), e.g. when the visitor asks for something shown there; whether anything was."""
+    doc = doc if doc is not None else pn.state.curdoc
+    fills = getattr(doc, _SEEN, None) if doc is not None else None
+    if not fills:
+        return False
+    setattr(doc, _SEEN, None)
+    _fill(doc, fills)
+    return True
 
 
 def built_once(method: Callable[[Any], Any]) -> Callable[[Any], Any]:

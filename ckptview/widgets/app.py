@@ -81,6 +81,7 @@ class Dashboard(pn.viewable.Viewer):
         if self.runs_view is not None:  # an experiment: its Runs page first, and shown first
             self.tabs.insert(0, ("Runs", pn.Column(self.runs_view, sizing_mode="stretch_width")))
             self.tabs.active = 0
+        drop_blank_headers(self.tabs)
         self._watchers = [workspace.param.watch(self._on_runs, "runs"),
                           workspace.param.watch(self._on_changed, "changed")]  # fmt: skip
         self.tabs.param.watch(self._on_tab, "active")
@@ -266,6 +267,18 @@ class Dashboard(pn.viewable.Viewer):
         self.start_polling()
         return pn.Row(pn.Column(*self.sidebar(), width=320), self.tabs,
                       sizing_mode="stretch_width")  # fmt: skip
+
+
+def drop_blank_headers(tabs: pmui.Tabs) -> None:
+    """Let ``tabs`` send no header content for its tabs titled by text.
+
+    ``pmui.Tabs`` keeps a header pane for every tab, an empty text pane when the tab has a
+    plain title (which is then all the browser shows): a Bokeh model per tab that every page
+    built, serialised and sent for nothing. Call once the tabs are all added."""
+    headers = getattr(tabs, "_headers", None)
+    if (isinstance(headers, list) and headers
+            and all(isinstance(h, pn.pane.Str) and h.object is None for h in headers)):  # fmt: skip
+        tabs._headers = []
 
 
 def server_executor() -> IsolatedExecutor:
@@ -525,10 +538,19 @@ def settle(urls: list[str], executor=None) -> None:
     pn.state.cache["ckptview-gc-frozen"] = True
 
 
+def warming() -> bool:
+    """Whether the app runs for ``panel serve --warm`` (before the server takes a page): a
+    session of its own, with no server behind it. (It counts as served, so ``serve`` took it
+    for a page: the trees were catalogued on the first pages, not at startup.)"""
+    doc = pn.state.curdoc
+    context = doc.session_context if doc is not None else None
+    return context is not None and getattr(context, "server_context", True) is None
+
+
 def serve(argv: list[str]):
     """Build the page from ``--args`` and mark it servable (the whole of the app script)."""
     urls, allow_write = parse_args(argv)
-    if not is_served():  # ``--warm``: catalogue now; else the first page shows the progress
-        settle(urls, server_executor())
+    if not is_served() or warming():  # ``--warm``: catalogue now; else the first page
+        settle(urls, server_executor())  # shows the progress
     page = build_app(urls, allow_write=allow_write, poll_seconds=poll_seconds(argv), isolate=True)
     return page.servable(title="ckptview")

@@ -7,7 +7,7 @@ import param
 
 import ckptview as cv
 
-from ._base import built_once, draw_later, rule
+from ._base import built_once, draw_when_seen, reveal, rule
 from .detail import VariableDetail
 from .serials import SerialsTable
 from .variables import VariablesTable
@@ -15,7 +15,10 @@ from .verify import VerifyPanel
 
 
 class RunBrowser(pn.viewable.Viewer):
-    """Serials -> variables -> detail, wired by clicks."""
+    """Serials -> variables -> detail, wired by clicks.
+
+    The variables, the variable's detail and the verify action are built on first use (served:
+    once the visitor scrolls to them or clicks a serial), for the serial selected then."""
 
     catalog = param.ClassSelector(class_=cv.Catalog)
     poll_seconds = param.Number(
@@ -27,27 +30,59 @@ class RunBrowser(pn.viewable.Viewer):
     def __init__(self, catalog: cv.Catalog, **params):
         super().__init__(catalog=catalog, **params)
         self.serials = SerialsTable(catalog, poll_seconds=self.poll_seconds)
-        self.variables = VariablesTable(catalog, serial=self.serials.selected)
-        self.detail = VariableDetail(catalog, serial=self.serials.selected)
-        self.verify = VerifyPanel(catalog, serial=self.serials.selected)
+        self._variables: VariablesTable | None = None
+        self._detail: VariableDetail | None = None
+        self._verify: VerifyPanel | None = None
         self.serials.param.watch(self._on_serial, "selected")
-        self.variables.param.watch(self._on_variable, "selected")
         self.serials.param.watch(self._on_sync, "version")
         self.param.watch(lambda e: setattr(self.serials, "poll_seconds", e.new), "poll_seconds")
+
+    # -- the parts below the serials, built on first use ------------------------------------
+    @property
+    def variables(self) -> VariablesTable:
+        if self._variables is None:
+            self._variables = VariablesTable(self.catalog, serial=self.serials.selected)
+            self._variables.param.watch(self._on_variable, "selected")
+        return self._variables
+
+    @property
+    def detail(self) -> VariableDetail:
+        if self._detail is None:
+            self._detail = VariableDetail(self.catalog, serial=self.serials.selected)
+        return self._detail
+
+    @property
+    def verify(self) -> VerifyPanel:
+        if self._verify is None:
+            self._verify = VerifyPanel(self.catalog, serial=self.serials.selected)
+        return self._verify
+
+    @property
+    def built(self) -> list[str]:
+        """The parts below the serials built so far."""
+        parts = {"variables": self._variables, "detail": self._detail, "verify": self._verify}
+        return [name for name, part in parts.items() if part is not None]
 
     def poll(self) -> list[int]:
         """Check the tree and take in new serials now (blocking); the new serials."""
         return self.serials.poll()
 
     def _on_sync(self, event) -> None:
-        if self.variables.serial in self.serials.updated:  # the shown serial changed on disk
-            self.variables._update_serial()
-            self.detail._describe()
+        if self._variables is not None and self._variables.serial in self.serials.updated:
+            self._variables._update_serial()  # the shown serial changed on disk
+            if self._detail is not None:
+                self._detail._describe()
 
     def _on_serial(self, event) -> None:
-        self.variables.serial = event.new
-        self.verify.serial = event.new
-        self.detail.param.update(serial=event.new, variable="", node="")
+        # a serial clicked: its variables are what the visitor asked for (served, the parts
+        # still waiting to be scrolled to are built now, for this serial)
+        reveal()
+        if self._variables is not None:
+            self._variables.serial = event.new
+        if self._verify is not None:
+            self._verify.serial = event.new
+        if self._detail is not None:
+            self._detail.param.update(serial=event.new, variable="", node="")
 
     def _on_variable(self, event) -> None:
         if event.new:
@@ -56,11 +91,13 @@ class RunBrowser(pn.viewable.Viewer):
 
     @built_once
     def __panel__(self):
-        # served, the serials paint first and the serial's variables join once the page is up
-        # (the browser paints a table only when the whole page has been built and the server
-        # has answered it: the variables, their filters and totals doubled that time)
+        # served, the first screen holds the serials; the serial's variables are built once
+        # the visitor scrolls to them (or clicks a serial): a page that is only glanced at
+        # never builds them
+        top = pn.panel(self.serials)  # first: its timeline's placeholder is the one seen
         below = pn.Column(sizing_mode="stretch_width")
-        draw_later(below, lambda: pn.Column(self.verify, rule(), self.variables,
-                                            rule(), self.detail,
-                                            sizing_mode="stretch_width"))  # fmt: skip
-        return pn.Column(self.serials, below, sizing_mode="stretch_width")
+        draw_when_seen(below, lambda: pn.Column(self.verify, rule(), self.variables,
+                                                rule(), self.detail,
+                                                sizing_mode="stretch_width"),
+                       text="Loading the variables…", marker=False)  # fmt: skip
+        return pn.Column(top, below, sizing_mode="stretch_width")

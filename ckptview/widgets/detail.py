@@ -52,22 +52,39 @@ class VariableDetail(pn.viewable.Viewer):
                                         disabled=True, stylesheets=[BUTTON_CSS],
                                         css_classes=["ckptview-stats-button"])  # fmt: skip
         self.button.on_click(self._on_compute)
-        self.stats = table(pd.DataFrame(columns=["statistic", "value"]),
-                           css_classes=["ckptview-stats"], sizing_mode="stretch_width")  # fmt: skip
-        self.plot = pn.pane.HoloViews(plots.empty("histogram: press the button"),
-                                      sizing_mode="stretch_width", backend="bokeh",
-                                      css_classes=["ckptview-histogram"])  # fmt: skip
-        # the table and the plot join the page when there is something to show in them (a
-        # page that never asks for statistics never builds their ~40 Bokeh models)
+        # the statistics table and the histogram are built, and join the page, when there is
+        # something to show in them (a page that never asks for statistics never builds them)
+        self._stats: pn.widgets.Tabulator | None = None
+        self._plot: pn.pane.HoloViews | None = None
         self.results = pn.Row(sizing_mode="stretch_width")
         self.body = pn.Column(self.info, self.button, self.results,
                               sizing_mode="stretch_width")  # fmt: skip
         self._describe()
 
+    @property
+    def stats(self) -> pn.widgets.Tabulator:
+        """The statistics table (built on first use)."""
+        if self._stats is None:
+            self._stats = table(pd.DataFrame(columns=["statistic", "value"]),
+                                css_classes=["ckptview-stats"],
+                                sizing_mode="stretch_width")  # fmt: skip
+        return self._stats
+
+    @property
+    def plot(self) -> pn.pane.HoloViews:
+        """The histogram (built on first use)."""
+        if self._plot is None:
+            self._plot = pn.pane.HoloViews(plots.empty("histogram: press the button"),
+                                           sizing_mode="stretch_width", backend="bokeh",
+                                           css_classes=["ckptview-histogram"])  # fmt: skip
+        return self._plot
+
     @param.depends("catalog", "serial", "node", "variable", watch=True)
     def _describe(self) -> None:
-        self.stats.value = pd.DataFrame(columns=["statistic", "value"])
-        self.plot.object = plots.empty("histogram: press the button")
+        if self._stats is not None:
+            self._stats.value = pd.DataFrame(columns=["statistic", "value"])
+        if self._plot is not None:
+            self._plot.object = plots.empty("histogram: press the button")
         if not self.variable or self.serial is None:
             self.button.disabled = True
             return

@@ -11,7 +11,7 @@ import ckptview as cv
 from . import figures
 from ._base import (
     built_once,
-    draw_later,
+    draw_when_seen,
     in_background,
     notice,
     refresh_if_changed,
@@ -96,8 +96,6 @@ class SerialsTable(pn.viewable.Viewer):
             latest = int(self.frame["serial"].iloc[-1])
         if latest is not None:
             self.select(latest)
-        self.y_select = pn.widgets.Select.from_param(self.param.y, label="timeline", width=200,
-                                                   css_classes=["ckptview-timeline-y"])  # fmt: skip
         self._callback = None
         self.updated: list[int] = []  # serials new or changed at the last sync
 
@@ -324,13 +322,20 @@ class SerialsTable(pn.viewable.Viewer):
         self.param.watch(redraw, ["y", "version"])
         return pane
 
+    def _timeline_part(self) -> pn.Column:
+        """What the timeline plots, and the timeline."""
+        self.y_select = pn.widgets.Select.from_param(self.param.y, label="timeline", width=200,
+                                                     css_classes=["ckptview-timeline-y"])  # fmt: skip
+        return pn.Column(self.y_select, self._timeline_pane(), sizing_mode="stretch_width")
+
     @built_once
     def _layout(self):
+        # served, the timeline (below the table) is built once the visitor scrolls to it
         plot = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-timeline"])
-        draw_later(plot, self._timeline_pane)
+        draw_when_seen(plot, self._timeline_part, text="Loading…")
         chooser = pn.widgets.MultiChoice.from_param(
             self.param.columns, label="columns", sizing_mode="stretch_width",
             css_classes=["ckptview-columns"],
         )  # fmt: skip
-        return pn.Column(self.summary, self.live, chooser, self.table, self.y_select, plot,
+        return pn.Column(self.summary, self.live, chooser, self.table, plot,
                          sizing_mode="stretch_width")  # fmt: skip

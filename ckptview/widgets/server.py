@@ -17,13 +17,18 @@
   answers, not only the pages Bokeh guards: static files, component resources, the favicon,
   the websocket (:func:`require_login`; only the login and logout pages stay open);
 - imports no module a URL names: Panel's ``/components/<module>/...`` route serves only
-  resources of modules already loaded (:func:`ckptview.widgets._panel_fixes.refuse_module_imports`).
+  resources of modules already loaded (:func:`ckptview.widgets._panel_fixes.refuse_module_imports`);
+- with ``--num-procs N`` and ``--warm``: each of the N processes runs the app once before it
+  takes its first page (Panel, on Python < 3.12, warms only the parent before it forks, without
+  running the app: each process then catalogued the trees on its first page), and a process
+  whose parent went away (the server stopped with ``kill PID``) stops too.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
 import secrets
 import sys
@@ -269,11 +274,54 @@ def refuse_module_imports(app: Application) -> None:
             raise RuntimeError(f"{rule.target} may import modules named by a URL")
 
 
+def task_id() -> int | None:
+    """This process's number among ``--num-procs`` forked ones (None: not forked)."""
+    from tornado.process import task_id as tornado_task_id
+
+    return tornado_task_id()
+
+
+def follow_parent(server, period_ms: int = 2000) -> None:
+    """Stop this forked process once the process that forked it is gone.
+
+    With ``--num-procs N`` tornado forks N processes and the parent only waits on them: a
+    ``kill`` of the parent (what a service manager or a script does) left the N serving,
+    holding the port. The loop is stopped directly, not through ``SIGTERM``: Bokeh's handler
+    prints before it stops, and a process whose output went to its parent's pipe never got
+    past the print. Ctrl-C reaches them all (the terminal signals the whole group)."""
+    from tornado.ioloop import PeriodicCallback
+
+    parent = os.getppid()
+
+    def check() -> None:
+        if os.getppid() != parent:  # adopted by init: the parent died
+            server.io_loop.stop()  # Bokeh's run_until_shutdown then stops the server
+
+    PeriodicCallback(check, period_ms).start()
+
+
 class HardenedServe(Serve):
     """``panel serve`` whose server checks the Host header, sends :data:`CSP`, puts a login
     in front of every route and imports no module a URL names."""
 
+    #: ``--warm`` with several processes: what to warm in each, once it has been forked
+    _warm_each: tuple | None = None
+
+    def warm_applications(self, applications, reuse_sessions, error=True,
+                          initialize_session=True, index=None):  # fmt: skip
+        if not initialize_session:  # several processes, forked after this: each warms itself
+            self._warm_each = (applications, reuse_sessions, error, index)
+            return
+        super().warm_applications(applications, reuse_sessions, error=error,
+                                  initialize_session=initialize_session, index=index)  # fmt: skip
+
     def customize_server(self, server):
+        if self._warm_each is not None:  # in each forked process, before it takes a page
+            applications, reuse_sessions, error, index = self._warm_each
+            super().warm_applications(applications, reuse_sessions, error=error,
+                                      initialize_session=True, index=index)  # fmt: skip
+        if task_id() is not None:  # a forked process (--num-procs): ends with its parent
+            follow_parent(server)
         app = server._tornado  # the tornado Application (bokeh's BokehTornado)
         refuse_module_imports(app)
         require_login(app)
