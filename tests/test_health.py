@@ -111,6 +111,58 @@ def test_small_chunks_match(tmp_path):
     np.testing.assert_allclose(small[cols].to_numpy(), whole[cols].to_numpy(), rtol=1e-12)
 
 
+def test_large_tensors_span_pieces_and_rows(tmp_path):
+    """Tensors larger than a widened piece, of lengths that are no multiple of a row, with
+    NaN and infinities in some rows, read in chunks that cut rows anywhere: the statistics and
+    update_rel equal numpy's."""
+    n = 2 * H.PIECE + 3 * H.ROW + 17
+    rng = np.random.default_rng(7)
+    base = rng.normal(size=n).astype(np.float32)
+    written = {}
+    (tmp_path / "run").mkdir()
+    for s in (1, 2, 3):
+        big = base + np.float32(0.001 * s) * rng.normal(size=n).astype(np.float32)
+        if s == 3:
+            big[H.PIECE + 5] = np.inf  # a later piece's row: the masked path
+            big[n - 3] = np.nan  # the short last row
+        written[s] = {"big": big, "odd": big[: H.ROW + 1].astype(np.float64)}
+        write_serial(tmp_path / "run", s, written[s])
+    scan = cv.open(tmp_path / "run", cache=False)._scan
+    for chunk_bytes in (H.CHUNK_BYTES, 40_000):  # whole rows and pieces; rows cut anywhere
+        h = H.health(scan, chunk_bytes=chunk_bytes)
+        for r in h.itertuples():
+            x = f64(written[r.serial][r.name])
+            fin = x[np.isfinite(x)]
+            assert r.l2 == pytest.approx(np.linalg.norm(fin), rel=1e-12)
+            assert r.max_abs == pytest.approx(np.abs(fin).max(), rel=1e-12)
+            assert (r.n_nan, r.n_inf) == (int(np.isnan(x).sum()), int(np.isinf(x).sum()))
+            if r.serial == 2:
+                prev = f64(written[1][r.name])
+                want = np.linalg.norm(x - prev) / np.linalg.norm(prev)
+                assert r.update_rel == pytest.approx(want, rel=1e-9)
+            elif r.serial == 3 and r.name == "big":
+                assert math.isnan(r.update_rel)  # a one-sided NaN: unknown change
+
+
+def test_row_squares_equal_dots():
+    rng = np.random.default_rng(1)
+    for n in (0, 1, H.ROW - 1, H.ROW, H.ROW + 1, 3 * H.ROW + 5):
+        v = rng.normal(size=n)
+        rows = H.row_squares(v)
+        want = [float(v[i : i + H.ROW].dot(v[i : i + H.ROW])) for i in range(0, n, H.ROW)]
+        np.testing.assert_allclose(rows, want, rtol=1e-13)
+        assert H.sum_squares(v) == pytest.approx(float(v.dot(v)), rel=1e-13)
+
+
+def test_a_tree_without_variables_has_an_empty_table(tmp_path):
+    (tmp_path / "run").mkdir()
+    write_serial(tmp_path / "run", 1, {})  # a serial holding no arrays
+    cat = cv.open(tmp_path / "run", cache=False)
+    assert len(cat.serials) == 1 and cat.variables.empty
+    h = cat.health()
+    assert h.empty and list(h.columns) == H.HEALTH_COLUMNS
+
+
 def test_filters_and_unknown_names(tmp_path):
     write_run(tmp_path / "run", n=3)
     cat = cv.open(tmp_path / "run", cache=False)
@@ -286,6 +338,26 @@ def test_reopen_reads_no_values_and_growth_reads_new_files(tmp_path):
     )
     assert row["update_rel"] == pytest.approx(want, rel=1e-9)
     pd.testing.assert_frame_equal(h3[h3["serial"] < 500].reset_index(drop=True), h1)
+
+
+def test_a_process_that_exits_right_after_health_leaves_its_results_on_disk(tmp_path):
+    """Health results are written to the disk cache in the background: a process exiting as
+    soon as ``health()`` returns (``ckptview health``) still leaves every one of them."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "run"
+    write_run(root, n=3)
+    cache_dir = tmp_path / "cache"
+    code = ("import sys, ckptview as cv; from ckptview.scan.cache import HeaderCache; "
+            "cv.open(sys.argv[1], cache=HeaderCache(sys.argv[2])).health()")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code, str(root), str(cache_dir)], check=True)
+    again = cv.open(root, cache=HeaderCache(cache_dir))
+    again.variables  # noqa: B018 - headers
+    before = again.storage.counters.bytes_read
+    h = again.health()
+    assert again.storage.counters.bytes_read == before  # every value came from the disk cache
+    assert h["l2"].notna().all() and h["update_rel"].notna().sum() == 2 * len(SHAPES)
 
 
 def _update(a: np.ndarray, b: np.ndarray) -> float:

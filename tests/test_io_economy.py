@@ -82,3 +82,30 @@ def test_lookup_table_read_is_ranged(url, big_tree):
     read = cat.storage.counters.bytes_read - before
     assert arr.ndim == 2 and arr.nbytes > 100_000
     assert arr.nbytes <= read <= sizes["checkpoint_3/__lookup_table__/share_w_1"]
+
+
+def test_local_reads_into_arrays_equal_bytes(tmp_path):
+    """``read_many(arrays=True)`` on local disk: large ranges come as fresh ``uint8`` arrays,
+    small ones as bytes, every one equal to the file's bytes and counted once."""
+    import numpy as np
+    from fsspec.implementations.local import LocalFileSystem
+
+    from ckptview.io import ARRAY_READ, Storage
+
+    data = np.random.default_rng(0).integers(0, 256, size=3 * ARRAY_READ + 11, dtype=np.uint8)
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data.tobytes())
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"0123456789")
+    storage = Storage(LocalFileSystem())
+    requests = [(str(path), 5, 5 + ARRAY_READ), (str(other), 2, 7), (str(path), 0, 100),
+                (str(path), 2 * ARRAY_READ, data.size + 50), (str(path), 9, 9)]  # fmt: skip
+    got = list(storage.read_many(requests, arrays=True))
+    raw = data.tobytes()
+    assert [bytes(g) for g in got] == [raw[5 : 5 + ARRAY_READ], b"23456", raw[:100],
+                                       raw[2 * ARRAY_READ :], b""]  # fmt: skip
+    assert isinstance(got[0], np.ndarray) and got[0].flags.writeable
+    assert isinstance(got[1], bytes) and isinstance(got[2], bytes)
+    assert storage.counters.bytes_read == sum(len(g) for g in got)
+    plain = list(Storage(LocalFileSystem()).read_many(requests))
+    assert [bytes(g) for g in got] == [bytes(p) for p in plain]

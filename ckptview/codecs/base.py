@@ -134,7 +134,7 @@ def iter_span_chunks(storage: Storage, var: VarInfo, max_bytes: int) -> Iterator
     requests = [(span.path, span.offset + start * dt.itemsize,
                  span.offset + (start + count) * dt.itemsize)
                 for start, count in zip(range(0, total, per), counts)]  # fmt: skip
-    for count, data in zip(counts, storage.read_many(requests)):
+    for count, data in zip(counts, storage.read_many(requests, arrays=True)):
         if len(data) < count * dt.itemsize:
             raise ValueError(f"{var.name}: file ends early")
         arr = np.frombuffer(data, dtype=dt, count=count)

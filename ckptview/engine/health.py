@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -102,12 +103,54 @@ def spectral_stats(w: np.ndarray) -> dict:
     return {"sigma_max": float(sv[0]) if sv.size else math.nan, "alpha": alpha}
 
 
+# -- sums of squares in float64 ----------------------------------------------------------------
+#: values widened to float64 at once (a 2 MiB buffer: one numpy call per piece, not per row)
+PIECE = 1 << 18
+#: values per dot product: under 10,000, OpenBLAS computes a dot on the calling thread (its
+#: threads would contend with the reads and the other variables' jobs)
+ROW = 8 << 10
+_vecdot = getattr(np, "vecdot", None)  # numpy >= 2: one call for every row of a piece
+
+
+_LOCAL = threading.local()
+
+
+def _buffers(n: int) -> np.ndarray:
+    """Three float64 rows of ``n`` values for this thread (kept for its next variables: fresh
+    pages would be faulted in and zeroed for each)."""
+    bufs = getattr(_LOCAL, "bufs", None)
+    if bufs is None or bufs.shape[1] < n:
+        bufs = _LOCAL.bufs = np.empty((3, max(n, ROW)))
+    return bufs[:, :n]
+
+
+def row_squares(v: np.ndarray) -> np.ndarray:
+    """Σx² of each run of :data:`ROW` values of a flat float64 array (the last run may be
+    shorter): every row's dot in one call."""
+    full = v.size - v.size % ROW
+    rows = v[:full].reshape(-1, ROW)
+    out = np.empty(rows.shape[0] + (full < v.size))
+    if rows.shape[0]:
+        out[: rows.shape[0]] = (_vecdot(rows, rows) if _vecdot is not None
+                                else np.einsum("ij,ij->i", rows, rows))  # fmt: skip
+    if full < v.size:
+        tail = v[full:]
+        out[-1] = tail.dot(tail)
+    return out
+
+
+def sum_squares(v: np.ndarray) -> float:
+    """Σx² of a flat float64 array, by rows (:func:`row_squares`)."""
+    if v.size <= ROW:
+        return float(v.dot(v))
+    return float(row_squares(v).sum())
+
+
 # -- one variable in one serial ---------------------------------------------------------------
 class NormAccumulator:
-    """Streaming Σx², max|x| and counts over finite values, in cache-sized float64 blocks;
-    a block holding NaN/inf (its Σx² is not finite) takes the masked path."""
-
-    BLOCK = 8 << 10  # under 10,000: OpenBLAS computes the dot on this thread (see diff.BLOCK)
+    """Streaming Σx², max|x| and counts over finite values, widened to float64 in pieces of
+    :data:`PIECE` values; a piece holding NaN/inf (its Σx² is not finite) takes the masked
+    path."""
 
     def __init__(self) -> None:
         self.n_finite = self.n_nan = self.n_inf = 0
@@ -118,13 +161,13 @@ class NormAccumulator:
     def add(self, chunk: np.ndarray) -> None:
         x = np.asarray(chunk).reshape(-1)
         if self._buf is None:
-            self._buf = np.empty(min(self.BLOCK, max(x.size, 1)))
+            self._buf = np.empty(min(PIECE, max(x.size, 1)))
         full = self._buf.size
         for start in range(0, x.size, full):
             part = x[start : start + full]
             b = self._buf if part.size == full else self._buf[: part.size]
             np.copyto(b, part, casting="unsafe")
-            ss = float(b.dot(b))
+            ss = sum_squares(b)
             if math.isfinite(ss):
                 self.sumsq += ss
                 self.n_finite += b.size
@@ -136,7 +179,7 @@ class NormAccumulator:
             self.n_inf += b.size - int(np.count_nonzero(finite)) - nan
             f = b[finite]
             if f.size:
-                self.sumsq += float(f.dot(f))
+                self.sumsq += sum_squares(f)
                 self.n_finite += f.size
                 self.max_abs = max(self.max_abs, float(np.abs(f).max()))
 
@@ -263,11 +306,11 @@ class _Lane:
 
 def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
             pairs: list[DiffAccumulator | None], bufs: np.ndarray) -> None:  # fmt: skip
-    """One block index of a group: each lane's block widened to float64 once, in cache-sized
-    pieces, for both its Σx² and the diff against the lane before (``pairs[j]``: lane j - 1
-    against lane j). max|x| comes from the raw block; a block holding NaN/inf takes
-    :class:`NormAccumulator`'s masked path, a piece whose difference is NaN
-    :class:`DiffAccumulator`'s general one."""
+    """One block index of a group: each lane's block widened to float64 once, in pieces of
+    :data:`PIECE` values, for both its Σx² and the diff against the lane before
+    (``pairs[j]``: lane j - 1 against lane j), summed by rows (:func:`row_squares`). max|x|
+    comes from the raw block; a block holding NaN/inf takes :class:`NormAccumulator`'s masked
+    path, a row whose difference is NaN :class:`DiffAccumulator`'s general one."""
     k = len(xs)
     fast = [False] * k
     for j, (x, lane) in enumerate(zip(xs, lanes)):
@@ -295,7 +338,7 @@ def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
     with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: the general path's case
         for start in range(0, size, step):
             prev: np.ndarray | None = None
-            prev_ss = 0.0
+            prev_rows: np.ndarray | None = None
             for j in range(k):
                 x = xs[j]
                 if x is None or not wide[j]:
@@ -307,22 +350,32 @@ def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
                 else:
                     cur = bufs[j & 1] if part.size == step else bufs[j & 1, : part.size]
                     copy(cur, part, casting="unsafe")
-                ss = float(cur.dot(cur))
-                sums[j] += ss
+                rows = row_squares(cur)
+                sums[j] += float(rows.sum())
                 acc = pairs[j]
                 if acc is not None and prev is not None and prev.size == cur.size:
                     d = bufs[2] if cur.size == step else bufs[2, : cur.size]
                     sub(cur, prev, out=d)
-                    dd = float(d.dot(d))
-                    if dd != dd:  # NaN in the difference: equal NaNs / infinities are no change
+                    dd = row_squares(d)
+                    total = float(dd.sum())
+                    assert prev_rows is not None
+                    if total == total:
+                        d2[j] += total
+                        a2[j] += float(prev_rows.sum())
+                        counts[j] += cur.size
+                    else:  # NaN in a row's difference: equal NaNs / infinities are no change
                         old = xs[j - 1]
                         assert old is not None
-                        acc.add(old[start : start + step], part)
-                    else:
-                        d2[j] += dd
-                        a2[j] += prev_ss
-                        counts[j] += cur.size
-                prev, prev_ss = cur, ss
+                        for r in np.flatnonzero(np.isnan(dd)).tolist():
+                            lo = start + r * ROW
+                            acc.add(old[lo : lo + ROW], x[lo : min(lo + ROW, start + step)])
+                        good = ~np.isnan(dd)
+                        lengths = np.full(dd.size, ROW)
+                        lengths[-1] = cur.size - ROW * (dd.size - 1)
+                        d2[j] += float(dd[good].sum())
+                        a2[j] += float(prev_rows[good].sum())
+                        counts[j] += int(lengths[good].sum())
+                prev, prev_rows = cur, rows
     for j in range(k):
         norm = lanes[j].norm
         if fast[j] and norm is not None:
@@ -447,7 +500,7 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                 KEPT.release(keep[1])  # its older values are not held beside the new
             lanes.append(_Lane(blocks, stats=own and error is None, error=error, collect=collect))
             pairs.append(DiffAccumulator() if pos > 0 and w.update else None)
-        bufs = np.empty((3, NormAccumulator.BLOCK))
+        bufs = _buffers(min(PIECE, n, max(1, math.prod(wants[streamed[0]].shape))))
         while True:
             xs = [lane.next() for lane in lanes]
             if all(x is None for x in xs):
@@ -539,6 +592,50 @@ def _key(kind: str, node: str, name: str, *parts: Any) -> CacheKey | None:
 
 
 # -- the table --------------------------------------------------------------------------------
+def _entries(scan: Scan, serials: Iterable[int] | int | None, names: Iterable[str] | str | None,
+             kinds: Iterable[str] | str | None) -> tuple[list[tuple], dict[tuple[str, str], int]]:  # fmt: skip
+    """The floating-point variables asked for, ordered by (node, name, serial), each with its
+    predecessor's ``serial, shape, dtype, file, n_shards, quant`` (Nones for the first; the
+    predecessor may be outside ``serials``); and each variable's newest serial."""
+    v = scan.variables
+    cols = [v[c].tolist() for c in ("serial", "node", "name", "kind", "dtype", "shape", "file",
+                                    "n_shards", "quant", "error")]  # fmt: skip
+    serial_, node_, name_, kind_, dtype_ = cols[:5]
+    keep = [i for i, d in enumerate(dtype_) if is_float(d)]
+    if kinds is not None:
+        wanted_kinds = {kinds} if isinstance(kinds, str) else set(kinds)
+        keep = [i for i in keep if kind_[i] in wanted_kinds]
+    if names is not None:
+        wanted_names = {names} if isinstance(names, str) else set(names)
+        missing = sorted(wanted_names - {name_[i] for i in keep})
+        if missing:
+            raise KeyError(f"no floating-point variable {missing[0]!r}")
+        keep = [i for i in keep if name_[i] in wanted_names]
+    keep.sort(key=lambda i: (node_[i], name_[i], serial_[i]))  # stable, as the table's order
+    wanted: set[int] | None = None
+    if serials is not None:
+        wanted = {int(s) for s in ([serials] if isinstance(serials, int) else serials)}
+        unknown = sorted(wanted - set(scan.serials.index))
+        if unknown:
+            raise KeyError(f"no serial {unknown[0]}; serials: {list(scan.serials.index)}")
+    none: tuple = (None,) * 6
+    entries: list[tuple] = []
+    newest: dict[tuple[str, str], int] = {}
+    last: tuple[str, str] | None = None
+    before: tuple = none
+    for i in keep:
+        here = (node_[i], name_[i])
+        if here != last:
+            last, before = here, none
+        row = tuple(c[i] for c in cols)
+        serial = int(row[0])
+        newest[here] = serial
+        if wanted is None or serial in wanted:
+            entries.append((serial, *row[1:], *before))
+        before = (serial, row[5], row[4], row[6], row[7], row[8])
+    return entries, newest
+
+
 def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str] | None = None,
            spectral: bool = False, kinds: Iterable[str] | None = None,
            chunk_bytes: int = CHUNK_BYTES, spectral_max_numel: int = SPECTRAL_MAX_NUMEL,
@@ -551,28 +648,7 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
     variables of these kinds (``model``, ``optimizer``…). ``progress(done, total)``: rows
     measured, after each variable (its serials are measured together, each read once; see
     :func:`measure_variable`)."""
-    v = scan.variables
-    v = v[[is_float(d) for d in v["dtype"]]]
-    if kinds is not None:
-        kinds = [kinds] if isinstance(kinds, str) else list(kinds)
-        v = v[v["kind"].isin(kinds)]
-    if names is not None:
-        names = [names] if isinstance(names, str) else list(names)
-        missing = sorted(set(names) - set(v["name"]))
-        if missing:
-            raise KeyError(f"no floating-point variable {missing[0]!r}")
-        v = v[v["name"].isin(names)]
-    v = v.sort_values(["node", "name", "serial"], kind="stable")
-    newest = v.groupby(["node", "name"], sort=False)["serial"].max().to_dict()
-    shifted = v.groupby(["node", "name"], sort=False)[
-        ["serial", "shape", "dtype", "file", "n_shards", "quant"]].shift(1)  # fmt: skip
-    if serials is not None:
-        wanted = {int(s) for s in ([serials] if isinstance(serials, int) else serials)}
-        unknown = sorted(wanted - set(scan.serials.index))
-        if unknown:
-            raise KeyError(f"no serial {unknown[0]}; serials: {list(scan.serials.index)}")
-        keep = v["serial"].isin(wanted)
-        v, shifted = v[keep], shifted[keep]
+    entries, newest = _entries(scan, serials, names, kinds)
     cache = scan.cache
     files = _Files(scan)
     rows: list[dict] = []
@@ -582,19 +658,15 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
     keeps: dict[tuple[str, str], tuple[int, Hashable, Hashable]] = {}  # the newest, to keep
     tree_url = scan.tree.url()
     in_rows: set[tuple[str, str, int]] = set()
-    columns = zip(v["serial"], v["node"], v["name"], v["kind"], v["dtype"], v["shape"],
-                  v["file"], v["n_shards"], v["quant"], v["error"], shifted["serial"],
-                  shifted["shape"], shifted["dtype"], shifted["file"], shifted["n_shards"],
-                  shifted["quant"])  # fmt: skip
     for (serial, node, name, kind, dtype, shape, file, n_shards, quant, error, p, p_shape,
-         p_dtype, p_file, p_whole, p_quant) in columns:  # fmt: skip
+         p_dtype, p_file, p_whole, p_quant) in entries:  # fmt: skip
         serial = int(serial)
         shape = tuple(shape)
         row: dict[str, Any] = {"serial": serial, "node": node, "name": name, "kind": kind,
                                "dtype": dtype, "shape": shape, "note": None, "error": error}  # fmt: skip
         row.update(dict.fromkeys(HEALTH_STATS, math.nan), n_nan=0, n_inf=0, update_rel=math.nan)
-        has_prev = not pd.isna(p)
-        row["prev_serial"] = int(p) if has_prev else None
+        has_prev = p is not None
+        row["prev_serial"] = p
         if spectral:
             row.update(sigma_max=math.nan, alpha=math.nan)
         rows.append(row)
@@ -643,7 +715,7 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
         if need_update and int(p) not in plan:  # read as the predecessor only
             p_key = None
             if (node, name, int(p)) not in in_rows:  # outside ``serials``: keep its stats too
-                whole = p_whole == 1 and (p_quant is None or pd.isna(p_quant))
+                whole = p_whole == 1 and p_quant is None
                 p_key = _key("stats", node, name, int(p),
                              files.key(int(p), node, name, p_file, whole))  # fmt: skip
                 if cache.get(p_key) is not None:
@@ -668,7 +740,7 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
         for (want, i, (k_stats, k_update, k_spec)), got in zip(entries, results):
             if i is None:  # a predecessor only: its statistics came along
                 if k_stats is not None and got["error"] is None and "l2" in got:
-                    cache.put(k_stats, {k: got[k] for k in HEALTH_STATS})
+                    cache.put(k_stats, {k: got[k] for k in HEALTH_STATS}, later=True)
                 continue
             row = rows[i]
             done += 1
@@ -681,21 +753,35 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
                 row["error"] = got["error"]
             else:
                 if k_stats is not None:
-                    cache.put(k_stats, {k: got[k] for k in HEALTH_STATS})
+                    cache.put(k_stats, {k: got[k] for k in HEALTH_STATS}, later=True)
                 if k_update is not None:
-                    cache.put(k_update, got["update_rel"])
+                    cache.put(k_update, got["update_rel"], later=True)
                 if k_spec is not None and "sigma_max" in got:
                     cache.put(k_spec, {"sigma_max": got["sigma_max"], "alpha": got["alpha"],
-                                       **({"note": got["note"]} if got.get("note") else {})})  # fmt: skip
+                                       **({"note": got["note"]} if got.get("note") else {})},
+                              later=True)  # fmt: skip
         if progress:
             progress(done, total)
     cols = HEALTH_COLUMNS[:-2] + (SPECTRAL if spectral else []) + ["note", "error"]
-    table = pd.DataFrame(rows, columns=cols)
-    table = table.sort_values(["serial", "node", "name"], kind="stable").reset_index(drop=True)
-    table["prev_serial"] = table["prev_serial"].astype("Int64")
-    return table.astype({"serial": "int64", "n_nan": "int64", "n_inf": "int64",
-                         "l2": "float64", "rms": "float64", "max_abs": "float64",
-                         "update_rel": "float64"})  # fmt: skip
+    rows.sort(key=lambda r: (r["serial"], r["node"], r["name"]))  # stable
+    return _table(rows, cols)
+
+
+def _table(rows: list[dict], cols: list[str]) -> pd.DataFrame:
+    """The health frame, built column by column with its dtypes."""
+    types = {"serial": "int64", "n_nan": "int64", "n_inf": "int64", "prev_serial": "Int64",
+             **dict.fromkeys(["l2", "rms", "max_abs", "update_rel", *SPECTRAL], "float64")}  # fmt: skip
+    data: dict[str, Any] = {}
+    for c in cols:
+        values = [r[c] for r in rows]
+        kind = types.get(c)
+        if kind == "Int64":
+            data[c] = pd.array(values, dtype="Int64")
+        elif kind is not None:
+            data[c] = np.array(values, dtype=kind)
+        else:
+            data[c] = values
+    return pd.DataFrame(data, columns=cols)
 
 
 # -- the rules --------------------------------------------------------------------------------

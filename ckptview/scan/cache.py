@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -129,12 +130,19 @@ class HeaderCache:
             self._remember(key, value)
         return value
 
-    def put(self, key: CacheKey | None, value: Any) -> None:
+    def put(self, key: CacheKey | None, value: Any, later: bool = False) -> None:
+        """Remember ``value``; on disk too (``later``: written by a background thread, so a
+        caller done computing need not wait for the file system; a lookup on disk in this
+        process waits for the writes still pending, and they finish before the interpreter
+        exits)."""
         self._flush()
         if key is None or value is None:
             return
         self._remember(key, value)
-        self._store(key, value)
+        if later and self.directory is not None:
+            _write_later(self.directory, self._store, key, value)
+        else:
+            self._store(key, value)
 
     def clear(self) -> None:
         """Forget the memory entries (disk entries stay)."""
@@ -166,6 +174,8 @@ class HeaderCache:
 
     def _load(self, key: CacheKey) -> Any | None:
         path = self._file(key)
+        if path is not None:
+            _settle(self.directory)
         if path is None or not path.exists():
             return None
         try:
@@ -200,6 +210,35 @@ def _weight(value: Any) -> int:
     if isinstance(value, tuple) and len(value) == 3 and isinstance(value[1], (list, VarColumns)):
         return 1 + len(value[1])
     return 1
+
+
+# -- writes in the background ---------------------------------------------------------------
+_WRITER: ThreadPoolExecutor | None = None
+_PENDING: dict[Path | None, list[Future]] = {}
+_WRITER_LOCK = threading.Lock()
+
+
+def _write_later(directory: Path | None, store: Callable[..., None], *args: Any) -> None:
+    """``store(*args)`` on the cache's writer thread (one: files written in order; its
+    queue is drained before the interpreter exits)."""
+    global _WRITER
+    with _WRITER_LOCK:
+        if _WRITER is None:
+            _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptview-cache")
+        pending = [f for f in _PENDING.get(directory, []) if not f.done()]
+        pending.append(_WRITER.submit(store, *args))
+        _PENDING[directory] = pending
+
+
+def _settle(directory: Path | None) -> None:
+    """Wait for the writes to ``directory`` still pending."""
+    if not _PENDING:
+        return
+    with _WRITER_LOCK:
+        pending = _PENDING.pop(directory, [])
+    for fut in pending:
+        if fut.exception() is not None:  # a file not written is a later miss, not an error
+            continue
 
 
 # -- the process-wide default ----------------------------------------------------------------
