@@ -394,6 +394,38 @@ def test_blocked_accumulator_nan_and_inf_blocks():
     assert math.isnan(_accumulate(pairs, False)["max_abs"])
 
 
+def test_pieces_of_many_rows_equal_rows_one_by_one():
+    """Values widened in pieces of many rows give what rows compared one at a time give: an
+    ordinary piece, a piece with an equal-NaN row and one with a changed infinity, a short
+    last row."""
+    from ckptview.engine.diff import BLOCK
+    from ckptview.engine.sums import PIECE
+
+    rng = np.random.default_rng(4)
+    n = 2 * PIECE + 3 * BLOCK + 11
+    a = rng.standard_normal(n).astype(np.float32)
+    b = a + np.float32(1e-3) * rng.standard_normal(n).astype(np.float32)
+
+    def both(a, b):
+        whole = _accumulate([(a, b)], False)
+        pairs = [(a[i : i + BLOCK], b[i : i + BLOCK]) for i in range(0, n, BLOCK)]
+        return whole, _accumulate(pairs, False)
+
+    whole, rows = both(a, b)  # finite: every figure, to rounding
+    assert all(math.isfinite(v) for v in whole.values())
+    for k, v in rows.items():
+        assert whole[k] == pytest.approx(v, rel=1e-12), k
+    a[PIECE + 7] = b[PIECE + 7] = np.nan  # piece 1: equal NaNs are no difference
+    whole, rows = both(a, b)
+    for k in ("l2", "max_abs", "n_changed"):
+        assert math.isfinite(whole[k]) and whole[k] == pytest.approx(rows[k], rel=1e-12), k
+    assert whole["n_changed"] == int(np.count_nonzero(a != b)) - 1  # the NaN pair is equal
+    a[2 * PIECE + BLOCK] = np.inf  # piece 2: an infinity that changed
+    whole, rows = both(a, b)
+    assert whole["l2"] == whole["max_abs"] == rows["l2"] == rows["max_abs"] == np.inf
+    assert whole["n_changed"] == rows["n_changed"]
+
+
 def test_diff_on_a_one_thread_executor_and_a_file_cut_after_listing(tmp_path):
     """Reads ahead run on their own threads: a one-worker executor cannot deadlock; a side
     failing mid-stream is an error row."""

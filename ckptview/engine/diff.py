@@ -20,6 +20,7 @@ from ..dtypes import is_numeric
 from ..scan.core import Scan
 from .reads import run_jobs
 from .stats import CHUNK_BYTES, bounded_map, resolve_serial
+from .sums import PIECE, ROW, row_dots
 
 DIFF_COLUMNS = [
     "node", "name", "status", "dtype_a", "dtype_b", "shape_a", "shape_b", "numel",
@@ -65,11 +66,9 @@ def _wide(x: np.ndarray, complex_: bool) -> np.ndarray:
     return x.astype(np.float64)
 
 
-#: values per pass of the float64 arithmetic: its three buffers (a, b, b - a; 192 KiB) stay
-#: in a core's L2 cache, so the several reductions over them cost little next to the reads;
-#: and OpenBLAS computes a dot of at most 10,000 values on the calling thread (larger ones
-#: wake its pool, which costs more than it saves with several variables compared at once)
-BLOCK = 8 << 10
+#: values per dot product, and per row compared alone when a piece's difference holds NaN
+#: (values are widened in pieces of :data:`~.sums.PIECE`; see :mod:`.sums`)
+BLOCK = ROW
 
 
 @dataclass
@@ -105,8 +104,8 @@ class DiffAccumulator:
             return
         # same dtype: count differences on the raw values (cheaper than on float64)
         raw = xa.dtype == xb.dtype and xa.dtype.kind in "fiub"
-        if self._buf is None:
-            self._buf = np.empty((3, min(BLOCK, xa.size)))
+        if self._buf is None or self._buf.shape[1] < min(PIECE, xa.size):
+            self._buf = np.empty((3, min(PIECE, xa.size)))
         full = self._buf.shape[1]
         copy, sub, count = np.copyto, np.subtract, np.count_nonzero
         top, bottom = np.maximum.reduce, np.minimum.reduce
@@ -118,14 +117,14 @@ class DiffAccumulator:
             copy(a, pa, casting="unsafe")
             copy(b, pb, casting="unsafe")
             sub(b, a, out=d)
-            dd = float(d.dot(d))
-            if dd != dd:  # NaN in d: equal NaNs / infinities are no difference
-                self._add_general(pa, pb)
+            dd = float(row_dots(d, d).sum())
+            if dd != dd:  # NaN in d: its rows alone take the general path
+                self._add_rows(pa, pb, a, b, d, raw)
                 continue
             d2 += dd
-            a2 += float(a.dot(a))
-            b2 += float(b.dot(b))
-            ab += float(a.dot(b))
+            a2 += float(row_dots(a, a).sum())
+            b2 += float(row_dots(b, b).sum())
+            ab += float(row_dots(a, b).sum())
             changed += int(count(pa != pb) if raw else count(d != 0))
             m = max(float(top(d)), -float(bottom(d)))
             if m > hi:
@@ -137,6 +136,26 @@ class DiffAccumulator:
         self.n_changed += changed
         # a NaN max stays NaN: max() keeps its first argument when the other is not larger
         self.max_abs = max(self.max_abs, hi)
+
+    def _add_rows(self, pa: np.ndarray, pb: np.ndarray, a: np.ndarray, b: np.ndarray,
+                  d: np.ndarray, raw: bool) -> None:  # fmt: skip
+        """A piece holding NaN in its difference, row by row (``a``, ``b``, ``d``: its values
+        widened, and b - a): a row whose difference is NaN (a NaN, or the same infinity on
+        both sides) takes the general path."""
+        count = np.count_nonzero
+        for start in range(0, pa.size, BLOCK):
+            end = start + BLOCK
+            ra, rb, rd = a[start:end], b[start:end], d[start:end]
+            dd = float(rd.dot(rd))
+            if dd != dd:
+                self._add_general(pa[start:end], pb[start:end])
+                continue
+            self.d2 += dd
+            self.a2 += float(ra.dot(ra))
+            self.b2 += float(rb.dot(rb))
+            self.ab += float(ra.dot(rb))
+            self.n_changed += int(count(pa[start:end] != pb[start:end]) if raw else count(rd != 0))
+            self.max_abs = max(self.max_abs, float(rd.max()), -float(rd.min()))
 
     def _add_general(self, xa: np.ndarray, xb: np.ndarray) -> None:
         """Any dtypes (complex, NaN, infinities): widened whole, equal NaNs masked out."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +40,7 @@ from ..scan.core import Scan
 from .diff import DiffAccumulator, _ReadAhead
 from .kept import KEPT
 from .stats import CHUNK_BYTES, bounded_map
+from .sums import PIECE, ROW, buffers, row_squares, sum_squares
 
 HEALTH_STATS = ["l2", "rms", "max_abs", "n_nan", "n_inf"]
 SPECTRAL = ["sigma_max", "alpha"]
@@ -101,49 +101,6 @@ def spectral_stats(w: np.ndarray) -> dict:
     sv = np.linalg.svd(w, compute_uv=False)
     alpha = fit_alpha(sv * sv)[0] if sv.size else math.nan
     return {"sigma_max": float(sv[0]) if sv.size else math.nan, "alpha": alpha}
-
-
-# -- sums of squares in float64 ----------------------------------------------------------------
-#: values widened to float64 at once (a 2 MiB buffer: one numpy call per piece, not per row)
-PIECE = 1 << 18
-#: values per dot product: under 10,000, OpenBLAS computes a dot on the calling thread (its
-#: threads would contend with the reads and the other variables' jobs)
-ROW = 8 << 10
-_vecdot = getattr(np, "vecdot", None)  # numpy >= 2: one call for every row of a piece
-
-
-_LOCAL = threading.local()
-
-
-def _buffers(n: int) -> np.ndarray:
-    """Three float64 rows of ``n`` values for this thread (kept for its next variables: fresh
-    pages would be faulted in and zeroed for each)."""
-    bufs = getattr(_LOCAL, "bufs", None)
-    if bufs is None or bufs.shape[1] < n:
-        bufs = _LOCAL.bufs = np.empty((3, max(n, ROW)))
-    return bufs[:, :n]
-
-
-def row_squares(v: np.ndarray) -> np.ndarray:
-    """Σx² of each run of :data:`ROW` values of a flat float64 array (the last run may be
-    shorter): every row's dot in one call."""
-    full = v.size - v.size % ROW
-    rows = v[:full].reshape(-1, ROW)
-    out = np.empty(rows.shape[0] + (full < v.size))
-    if rows.shape[0]:
-        out[: rows.shape[0]] = (_vecdot(rows, rows) if _vecdot is not None
-                                else np.einsum("ij,ij->i", rows, rows))  # fmt: skip
-    if full < v.size:
-        tail = v[full:]
-        out[-1] = tail.dot(tail)
-    return out
-
-
-def sum_squares(v: np.ndarray) -> float:
-    """Σx² of a flat float64 array, by rows (:func:`row_squares`)."""
-    if v.size <= ROW:
-        return float(v.dot(v))
-    return float(row_squares(v).sum())
 
 
 # -- one variable in one serial ---------------------------------------------------------------
@@ -500,7 +457,7 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                 KEPT.release(keep[1])  # its older values are not held beside the new
             lanes.append(_Lane(blocks, stats=own and error is None, error=error, collect=collect))
             pairs.append(DiffAccumulator() if pos > 0 and w.update else None)
-        bufs = _buffers(min(PIECE, n, max(1, math.prod(wants[streamed[0]].shape))))
+        bufs = buffers(min(PIECE, n, max(1, math.prod(wants[streamed[0]].shape))))
         while True:
             xs = [lane.next() for lane in lanes]
             if all(x is None for x in xs):
