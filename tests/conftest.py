@@ -109,6 +109,18 @@ def shared_stays_untouched():
     assert not after, f"tests wrote into ../shared: {sorted(map(str, after))[:5]}"
 
 
+def open_picker(page, timeout: float = 60_000) -> None:
+    """As a visitor who wants another tree: the sidebar's "Open another tree…" button shows
+    the tree picker in its place (built on that click); wait until its URL field is there."""
+    from playwright.sync_api import expect
+
+    toggle = page.locator(".ckptview-picker-toggle button")
+    expect(toggle.or_(page.locator(".ckptview-url")).first).to_be_visible(timeout=timeout)
+    if toggle.count():
+        toggle.first.click()
+    expect(page.locator(".ckptview-url input").first).to_be_visible(timeout=timeout)
+
+
 def reveal(page, timeout: float = 60_000) -> None:
     """As a visitor scrolling down the Browse tab: the timeline and the variables below the
     serials table are built once their placeholder is seen (``draw_when_seen``); scroll it

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import corpus_path, free_port, reveal
+from conftest import corpus_path, free_port, open_picker, reveal
 from playwright.sync_api import Page, expect
 
 import ckptview as cv
@@ -355,6 +355,7 @@ def test_a_url_outside_the_roots_is_refused(page: Page, read_only, tmp_path):
     outside = write_demo(tmp_path / "outside", serials=2).root
     page.goto(read_only.url)
     expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+    open_picker(page)
     url = page.locator(".ckptview-url input")
     url.fill(str(outside))
     url.press("Enter")
@@ -381,6 +382,7 @@ def test_storage_options_cannot_leave_the_roots(page: Page, read_only, trees, tm
     try:
         page.goto(read_only.url)
         expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+        open_picker(page)
         message = page.locator(".ckptview-picker-message")
 
         def try_open(url: str, options: dict | None, says: str) -> None:

@@ -12,7 +12,7 @@ literal text (``<img`` visible).
 from __future__ import annotations
 
 import pytest
-from conftest import corpus_path, reveal
+from conftest import corpus_path, open_picker, reveal
 from hostile_names import (
     BROKEN_FILE,
     METRIC,
@@ -84,6 +84,7 @@ def test_browse_shows_names_as_text(page: Page, served, hostile):
     assert_inert(page, "page load")
     expect(page.locator(".ckptview-summary")).to_contain_text(str(hostile["hf"]))
     expect(page.locator(".ckptview-run-select")).to_contain_text(ROOT_NAME)
+    open_picker(page)
     expect(page.locator(".ckptview-runs")).to_contain_text(ROOT_NAME)
     headers = page.locator(".ckptview-serials .tabulator-headers")
     expect(headers).to_contain_text(METRIC)
@@ -196,6 +197,7 @@ def test_restore_and_retention_plans_show_names_as_text(page: Page, served, host
 
 def test_picker_messages_show_the_url_as_text(page: Page, served):
     open_page(page, served)
+    open_picker(page)
     url = page.locator(".ckptview-url input")
     url.fill("/elsewhere/" + payload("url"))
     url.press("Enter")

@@ -7,7 +7,7 @@ One server and one page per theme for the whole module (the tabs are visited in 
 from __future__ import annotations
 
 import pytest
-from conftest import reveal
+from conftest import open_picker, reveal
 from playwright.sync_api import Browser, Page, expect
 from test_browser_app import SCROLL_TOP, SERIALS, WAIT, Server
 
@@ -215,6 +215,7 @@ def test_text_is_readable_in_either_theme(themed: Page, served):
 
 def test_long_paths_wrap_in_the_sidebar(themed: Page, served):
     _, root = served
+    open_picker(themed)
     runs = themed.locator(".ckptview-runs").first
     expect(runs).to_contain_text(str(root), timeout=WAIT)
     sidebar = themed.locator(".ckptview-url").first.bounding_box()

@@ -90,10 +90,9 @@ def test_a_session_builds_the_browse_tab_only(demo):
 
 
 def test_a_served_page_sends_the_serials_first(demo):
-    """The document a browser pulls first: the serials table, a placeholder where the tree
-    picker is drawn once the page reports it is up (``document_ready``, which this client
-    never sends) and one where the timeline and the variables are drawn once the visitor
-    sees it."""
+    """The document a browser pulls first: the serials table, the button that opens the tree
+    picker and a placeholder where the timeline and the variables are drawn once the visitor
+    sees it; no notification area (nothing on the page raises one)."""
     from bokeh.client import pull_session
 
     app = lambda: build_app([str(demo)], poll_seconds=0)  # noqa: E731
@@ -102,6 +101,7 @@ def test_a_served_page_sends_the_serials_first(demo):
     kinds = Counter(type(m).__name__ for m in models)
     assert kinds["DataTabulator"] == 1 and kinds["Figure"] + kinds["figure"] == 0, kinds
     assert kinds["TextInput"] == 0  # the picker's and the variables' filters wait
+    assert not [k for k in kinds if "Notification" in k], kinds
     assert kinds["Select"] + kinds["CustomSelect"] == 0  # the timeline's chooser waits too
     assert len(models) <= MAX_SERVED_MODELS, (len(models), kinds.most_common(12))
     headers = [m for m in models if "&lt;pre&gt; &lt;/pre&gt;" in str(getattr(m, "text", ""))]
@@ -149,10 +149,11 @@ def serving(app, **kwargs):
 
 
 def test_the_parts_below_the_serials_wait_until_seen_and_come_in_one_message(demo, monkeypatch):
-    """Once the page says it is ready, the tree picker is drawn; the timeline and the
-    variables (with their verify action and the variable's detail) are not even built until
-    the page says the visitor sees their placeholder (scrolled to it): then all of them in
-    one batch, one walk of the document's models and one message to the browser."""
+    """Once the page says it is ready, nothing more is sent (the tree picker waits for its
+    button); the timeline and the variables (with their verify action and the variable's
+    detail) are not even built until the page says the visitor sees their placeholder
+    (scrolled to it): then all of them in one batch, one walk of the document's models and
+    one message to the browser."""
     built = Counter()
     for cls in (VariablesTable, VariableDetail, VerifyPanel):
         init = cls.__init__
@@ -165,9 +166,7 @@ def test_the_parts_below_the_serials_wait_until_seen_and_come_in_one_message(dem
     appmod.shared_catalog(str(demo))  # catalogued before the first page, as with --warm
     with serving(lambda: build_app([str(demo)], poll_seconds=0)) as url:
         ready, after_seen = asyncio.run(_late_messages(url, then_seen=True))
-    assert len(ready) == 1, [p[:200] for p in ready]  # the picker
-    assert '"name":"panel.models.widgets.TextInput"' in ready[0]
-    assert '"name":"Figure"' not in ready[0] and '"ckptview-variables"' not in ready[0]
+    assert ready == [], [p[:200] for p in ready]  # the picker waits for its button
     assert len(after_seen) == 1, [p[:200] for p in after_seen]
     for part in ('"name":"Figure"', '"ckptview-variables"', '"ckptview-timeline-y"',
                  '"ckptview-verify"', '"ckptview-detail-info"'):  # fmt: skip
@@ -186,8 +185,40 @@ def test_a_page_never_scrolled_builds_nothing_below_the_serials(demo, monkeypatc
     appmod.shared_catalog(str(demo))
     with serving(lambda: build_app([str(demo)], poll_seconds=0)) as url:
         ready = asyncio.run(_late_messages(url))
-    assert len(ready) == 1  # the picker
+    assert ready == []  # not even the tree picker
     assert not timelines and not parts
+
+
+def test_the_tree_picker_is_built_when_its_button_is_clicked(demo, monkeypatch):
+    """The sidebar holds a button, not the tree picker (two text inputs, a button, the list
+    of open trees: a tenth of a page's server time, for the few visitors who open a tree):
+    the form is built on the click that asks for it, once, and joins the page then."""
+    from ckptview.widgets.picker import TreePicker
+
+    built = []
+    init = TreePicker.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(TreePicker, "__init__", counted)
+    doc, page = session_models([str(demo)])
+    css = lambda m: getattr(m, "css_classes", None) or []  # noqa: E731
+    assert not built and not [m for m in doc.models if "ckptview-url" in css(m)]
+    assert len([m for m in doc.models if "ckptview-picker-toggle" in css(m)]) == 1
+    slot = page.sidebar[-1]
+    button = slot.objects[0]
+    with set_curdoc(doc):
+        button.clicks += 1
+    assert built == [1]
+    form = slot.objects[-1]
+    assert [m for m in doc.models if "ckptview-url" in css(m)]  # the form joined the page
+    runs = [m for m in doc.models if "ckptview-runs" in css(m)]
+    assert len(runs) == 1 and str(demo) in runs[0].text  # with the trees open
+    with set_curdoc(doc):
+        button.clicks += 1  # a second click (or the form asked for again) builds nothing
+    assert built == [1] and slot.objects[-1] is form
 
 
 def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():

@@ -20,7 +20,7 @@ import ckptview as cv
 from ckptview.experiment import Experiment
 from ckptview.scan.isolated import IsolatedExecutor
 
-from ._base import Workspace, draw_later, in_background, notice, set_notice
+from ._base import Workspace, in_background, notice, set_notice
 from ._base import served as is_served
 from ._format import md_code, md_error, md_text
 from .browser import RunBrowser
@@ -65,14 +65,14 @@ class Dashboard(pn.viewable.Viewer):
         self.tab_names = ["Runs", *TABS] if experiment is not None else list(TABS)
         self.runs_view = (RunsView(experiment, on_open=self.open_run, workspace=workspace)
                           if experiment is not None else None)  # fmt: skip
-        self.picker = TreePicker(workspace)
+        self._picker: TreePicker | None = None  # built when the visitor asks for it
         self._views: dict[str, pn.viewable.Viewer] = {}  # tab name -> its view, once built
         self._browsers: dict[str, RunBrowser] = {}
         self._trajectories: dict[str, TrajectoryPlot] = {}
         self.browse_area = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-browse"])
         self.trajectory_area = pn.Column(sizing_mode="stretch_width")
         self._areas = {name: pn.Column(sizing_mode="stretch_width") for name in WORKSPACE_VIEWS}
-        self.tabs = pmui.Tabs(  # Material tabs: role="tablist"/"tab", keyboard navigation
+        self.tabs = TextTabs(  # Material tabs: role="tablist"/"tab", keyboard navigation
             ("Browse", self.browse_area), ("Compare", self._areas["Compare"]),
             ("Trajectory", self.trajectory_area), ("Restore", self._areas["Restore"]),
             ("Retention", self._areas["Retention"]), ("Health", self._areas["Health"]), dynamic=True, sizing_mode="stretch_width",
@@ -90,6 +90,13 @@ class Dashboard(pn.viewable.Viewer):
         self._on_runs()
 
     # -- views built on first use -------------------------------------------------------------
+    @property
+    def picker(self) -> TreePicker:
+        """The "Open another tree" form, built on first use (its button in the sidebar)."""
+        if self._picker is None:
+            self._picker = TreePicker(self.workspace)
+        return self._picker
+
     def view(self, name: str) -> pn.viewable.Viewer:
         """The view of the tab ``name`` (Compare, Restore, Retention), built on first use."""
         if name not in self._views:
@@ -254,19 +261,56 @@ class Dashboard(pn.viewable.Viewer):
                           css_classes=["ckptview-mode"]),
             pn.widgets.RadioBoxGroup.from_param(self.param.run, label="run",
                                                 css_classes=["ckptview-run-select"]),
-            pn.pane.Markdown("#### Open another tree"),
             self._picker_area(),
         ]  # fmt: skip
 
     def _picker_area(self) -> pn.Column:
-        area = pn.Column(sizing_mode="stretch_width")
-        draw_later(area, lambda: self.picker)  # served: once the serials have painted
-        return area
+        """A button that opens the tree picker (:meth:`open_picker`) in its place.
+
+        The form (two text inputs, its button, the list of open trees) is used by few
+        visitors; built for every page it was a tenth of the server's work per page."""
+        button = pn.widgets.Button(label="Open another tree…", color="primary", variant="outline",
+                                   css_classes=["ckptview-picker-toggle"],
+                                   sizing_mode="stretch_width")  # fmt: skip
+        self._picker_slot = pn.Column(button, sizing_mode="stretch_width")
+        button.on_click(lambda event: self.open_picker())
+        return self._picker_slot
+
+    def open_picker(self) -> TreePicker:
+        """Show the tree picker in the sidebar (what its button does); the picker."""
+        picker = self.picker
+        slot = getattr(self, "_picker_slot", None)
+        if slot is not None and picker not in slot.objects:
+            slot.objects = [pn.pane.Markdown("#### Open another tree"), picker]
+        return picker
 
     def __panel__(self):
         self.start_polling()
         return pn.Row(pn.Column(*self.sidebar(), width=320), self.tabs,
                       sizing_mode="stretch_width")  # fmt: skip
+
+
+class TextTabs(pmui.Tabs):
+    """``pmui.Tabs`` whose tabs titled by text get no header pane.
+
+    ``pmui.Tabs`` makes a header pane for every tab, an empty text pane when the title is plain
+    text (six panes per page, each a Panel object built for nothing; see
+    :func:`drop_blank_headers`)."""
+
+    _building = False
+
+    def __init__(self, *objects, **params):
+        object.__setattr__(self, "_building", True)
+        try:
+            super().__init__(*objects, **params)
+        finally:
+            object.__setattr__(self, "_building", False)
+
+    def _to_objects_and_names(self, items):
+        parts = super()._to_objects_and_names(items)
+        if self._building and len(parts) == 3 and all(header is None for header in parts[1]):
+            return parts[0], [], parts[2]
+        return parts
 
 
 def drop_blank_headers(tabs: pmui.Tabs) -> None:
@@ -277,7 +321,8 @@ def drop_blank_headers(tabs: pmui.Tabs) -> None:
     built, serialised and sent for nothing. Call once the tabs are all added."""
     headers = getattr(tabs, "_headers", None)
     if (isinstance(headers, list) and headers
-            and all(isinstance(h, pn.pane.Str) and h.object is None for h in headers)):  # fmt: skip
+            and all(h is None or (isinstance(h, pn.pane.Str) and h.object is None)
+                    for h in headers)):  # fmt: skip
         tabs._headers = []
 
 
@@ -324,7 +369,10 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
     holds several runs (an experiment) opens on its Runs page; a second experiment's runs
     join the run list.
     """
-    pn.extension("tabulator", notifications=True)
+    # no notification area: nothing on the page raises a toast, and Panel's area (two models
+    # and a Material component per page) cost each page ~5 ms of the server's time; served,
+    # not the signatures of every Panel class again for each page (a notebook's help, ~5 ms)
+    pn.extension("tabulator", **({"apply_signatures": False} if is_served() else {}))
     executor = server_executor() if isolate else None
     workspace = Workspace(guard=Guard(roots=list(urls), allow_write=allow_write),
                           executor=executor)  # fmt: skip
