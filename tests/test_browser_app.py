@@ -351,6 +351,23 @@ def test_read_only_offers_no_change_and_refuses_a_forced_one(page: Page, read_on
     assert not (Path(root) / ".ckptview").exists()
 
 
+def test_a_fresh_page_fetches_only_the_latin_roboto_faces(page: Page, read_only):
+    """The icon stylesheet is served without its Roboto faces that had no ``unicode-range``
+    (``server.RobotoRanges``): a page of Latin text fetches Roboto's Latin files, not all 16
+    (Cyrillic, Greek, Vietnamese, math and symbols in two weights each)."""
+    fonts: list[str] = []
+    page.on("request", lambda r: fonts.append(r.url) if ".woff" in r.url else None)
+    page.goto(read_only.url)
+    expect(page.locator(".ckptview-serials .tabulator-row").first).to_be_visible(timeout=WAIT)
+    page.wait_for_load_state("load")
+    page.wait_for_timeout(1000)
+    roboto = {u.rsplit("/", 1)[-1].split("-normal")[0] for u in fonts if "/roboto-" in u}
+    # Latin, and Latin Extended for the names of the corpus trees that need it
+    assert {"roboto-latin-400", "roboto-latin-700"} <= roboto, fonts
+    assert roboto <= {"roboto-latin-400", "roboto-latin-700", "roboto-latin-ext-400",
+                      "roboto-latin-ext-700"}, fonts  # fmt: skip
+
+
 def test_a_url_outside_the_roots_is_refused(page: Page, read_only, tmp_path):
     outside = write_demo(tmp_path / "outside", serials=2).root
     page.goto(read_only.url)

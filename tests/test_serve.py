@@ -163,6 +163,25 @@ def test_the_page_and_its_resources_are_compressed_when_asked(served):
         assert gzip.decompress(again.body) == plain.body, path
 
 
+def test_the_icon_stylesheet_is_served_without_its_unranged_roboto_faces(served):
+    """panel-material-ui's ``material-icons.css`` declares Roboto's subsets with no
+    ``unicode-range`` (a browser then fetched all 16 files): served without them, plain and
+    compressed, the icon fonts kept; its main stylesheet still declares Roboto, with ranges."""
+    gz = {"Accept-Encoding": "gzip"}
+    path = "/static/extensions/panel-material-ui/material-icons.css?v=1"
+    plain, packed = get(served.port, path), get(served.port, path, headers=gz)
+    assert plain.status == packed.status == 200
+    assert gzip.decompress(packed.body) == plain.body
+    assert int(plain.getheader("Content-Length")) == len(plain.body)
+    css = plain.body.decode()
+    assert "Roboto" not in css
+    assert css.count("@font-face") == 2 and '"Material Icons"' in css
+    assert "Material Icons Outlined" in css
+    bundle = get(served.port, "/static/extensions/panel-material-ui/panel-material-ui.bundle.css")
+    faces = re.findall(r"@font-face\{[^}]*Roboto[^}]*\}", bundle.body.decode())
+    assert len(faces) == 18 and all("unicode-range" in f for f in faces)
+
+
 def test_static_gzip_keeps_each_resource_once(tmp_path):
     """The compressed bytes are kept per URL and Etag (a changed file is compressed again),
     never for an HTML page, and the store stays within its byte budget."""
