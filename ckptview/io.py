@@ -96,7 +96,6 @@ def _missing_filesystem(url: str, error: ImportError) -> str:
     return f"{protocol}:// URLs need {package}: {install}"
 
 
-
 #: reads on local disk at least this large go straight into numpy memory (``arrays=True``)
 ARRAY_READ = 1 << 20
 

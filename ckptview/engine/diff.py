@@ -11,7 +11,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -20,7 +20,7 @@ from ..dtypes import is_numeric
 from ..scan.core import Scan
 from .reads import run_jobs
 from .stats import CHUNK_BYTES, bounded_map, resolve_serial
-from .sums import PIECE, ROW, row_dots
+from .sums import PIECE, ROW, row_dots, scratch
 
 DIFF_COLUMNS = [
     "node", "name", "status", "dtype_a", "dtype_b", "shape_a", "shape_b", "numel",
@@ -89,7 +89,6 @@ class DiffAccumulator:
     ab: float = 0.0
     n: int = 0
     n_changed: int = 0
-    _buf: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def add(self, xa: np.ndarray, xb: np.ndarray) -> None:
         self.n += xa.size
@@ -104,22 +103,25 @@ class DiffAccumulator:
             return
         # same dtype: count differences on the raw values (cheaper than on float64)
         raw = xa.dtype == xb.dtype and xa.dtype.kind in "fiub"
-        if self._buf is None or self._buf.shape[1] < min(PIECE, xa.size):
-            self._buf = np.empty((3, min(PIECE, xa.size)))
-        full = self._buf.shape[1]
+        with scratch(min(PIECE, xa.size)) as bufs:
+            self._add_pieces(xa, xb, raw, bufs)
+
+    def _add_pieces(self, xa: np.ndarray, xb: np.ndarray, raw: bool, bufs: np.ndarray) -> None:
+        full = bufs.shape[1]
         copy, sub, count = np.copyto, np.subtract, np.count_nonzero
         top, bottom = np.maximum.reduce, np.minimum.reduce
         d2 = a2 = b2 = ab = hi = 0.0
         changed = 0
         for start in range(0, xa.size, full):
             pa, pb = xa[start : start + full], xb[start : start + full]
-            a, b, d = self._buf if pa.size == full else self._buf[:, : pa.size]
+            a, b, d = bufs if pa.size == full else bufs[:, : pa.size]
             copy(a, pa, casting="unsafe")
             copy(b, pb, casting="unsafe")
             sub(b, a, out=d)
-            dd = float(row_dots(d, d).sum())
+            rows = row_dots(d, d)
+            dd = float(rows.sum())
             if dd != dd:  # NaN in d: its rows alone take the general path
-                self._add_rows(pa, pb, a, b, d, raw)
+                self._add_rows(pa, pb, a, b, d, rows, raw)
                 continue
             d2 += dd
             a2 += float(row_dots(a, a).sum())
@@ -138,18 +140,17 @@ class DiffAccumulator:
         self.max_abs = max(self.max_abs, hi)
 
     def _add_rows(self, pa: np.ndarray, pb: np.ndarray, a: np.ndarray, b: np.ndarray,
-                  d: np.ndarray, raw: bool) -> None:  # fmt: skip
+                  d: np.ndarray, rows: np.ndarray, raw: bool) -> None:  # fmt: skip
         """A piece holding NaN in its difference, row by row (``a``, ``b``, ``d``: its values
-        widened, and b - a): a row whose difference is NaN (a NaN, or the same infinity on
-        both sides) takes the general path."""
+        widened, and b - a; ``rows``: each row's Σd²): a row whose difference is NaN (a NaN,
+        or the same infinity on both sides) takes the general path."""
         count = np.count_nonzero
-        for start in range(0, pa.size, BLOCK):
-            end = start + BLOCK
-            ra, rb, rd = a[start:end], b[start:end], d[start:end]
-            dd = float(rd.dot(rd))
+        for r, dd in enumerate(rows.tolist()):
+            start, end = r * BLOCK, (r + 1) * BLOCK
             if dd != dd:
                 self._add_general(pa[start:end], pb[start:end])
                 continue
+            ra, rb, rd = a[start:end], b[start:end], d[start:end]
             self.d2 += dd
             self.a2 += float(ra.dot(ra))
             self.b2 += float(rb.dot(rb))

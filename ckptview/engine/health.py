@@ -40,7 +40,7 @@ from ..scan.core import Scan
 from .diff import DiffAccumulator, _ReadAhead
 from .kept import KEPT
 from .stats import CHUNK_BYTES, bounded_map
-from .sums import PIECE, ROW, buffers, row_squares, sum_squares
+from .sums import PIECE, ROW, row_squares, scratch, sum_squares
 
 HEALTH_STATS = ["l2", "rms", "max_abs", "n_nan", "n_inf"]
 SPECTRAL = ["sigma_max", "alpha"]
@@ -113,16 +113,17 @@ class NormAccumulator:
         self.n_finite = self.n_nan = self.n_inf = 0
         self.sumsq = 0.0
         self.max_abs = 0.0
-        self._buf: np.ndarray | None = None
 
     def add(self, chunk: np.ndarray) -> None:
         x = np.asarray(chunk).reshape(-1)
-        if self._buf is None:
-            self._buf = np.empty(min(PIECE, max(x.size, 1)))
-        full = self._buf.size
+        with scratch(min(PIECE, max(x.size, 1)), rows=1) as bufs:
+            self._add(x, bufs[0])
+
+    def _add(self, x: np.ndarray, buf: np.ndarray) -> None:
+        full = buf.size
         for start in range(0, x.size, full):
             part = x[start : start + full]
-            b = self._buf if part.size == full else self._buf[: part.size]
+            b = buf if part.size == full else buf[: part.size]
             np.copyto(b, part, casting="unsafe")
             ss = sum_squares(b)
             if math.isfinite(ss):
@@ -323,10 +324,11 @@ def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
                     else:  # NaN in a row's difference: equal NaNs / infinities are no change
                         old = xs[j - 1]
                         assert old is not None
-                        for r in np.flatnonzero(np.isnan(dd)).tolist():
+                        bad = np.isnan(dd)
+                        for r in np.flatnonzero(bad).tolist():
                             lo = start + r * ROW
                             acc.add(old[lo : lo + ROW], x[lo : min(lo + ROW, start + step)])
-                        good = ~np.isnan(dd)
+                        good = ~bad
                         lengths = np.full(dd.size, ROW)
                         lengths[-1] = cur.size - ROW * (dd.size - 1)
                         d2[j] += float(dd[good].sum())
@@ -457,23 +459,23 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                 KEPT.release(keep[1])  # its older values are not held beside the new
             lanes.append(_Lane(blocks, stats=own and error is None, error=error, collect=collect))
             pairs.append(DiffAccumulator() if pos > 0 and w.update else None)
-        bufs = buffers(min(PIECE, n, max(1, math.prod(wants[streamed[0]].shape))))
-        while True:
-            xs = [lane.next() for lane in lanes]
-            if all(x is None for x in xs):
-                break
-            for j, acc in enumerate(pairs):
-                if acc is None:
-                    continue
-                a, b = xs[j - 1], xs[j]
-                bad = lanes[j - 1].error or lanes[j].error
-                if bad is None and (a is None or b is None or a.size != b.size):
-                    bad = "ValueError: the two sides hold different numbers of values"
-                if bad is not None:
-                    outs[streamed[j]]["update_error"] = bad
-                    pairs[j] = None
-            _reduce(xs, lanes, pairs, bufs)
-            del xs  # this block index is not held while the next one is read
+        with scratch(min(PIECE, n, max(1, math.prod(wants[streamed[0]].shape)))) as bufs:
+            while True:
+                xs = [lane.next() for lane in lanes]
+                if all(x is None for x in xs):
+                    break
+                for j, acc in enumerate(pairs):
+                    if acc is None:
+                        continue
+                    a, b = xs[j - 1], xs[j]
+                    bad = lanes[j - 1].error or lanes[j].error
+                    if bad is None and (a is None or b is None or a.size != b.size):
+                        bad = "ValueError: the two sides hold different numbers of values"
+                    if bad is not None:
+                        outs[streamed[j]]["update_error"] = bad
+                        pairs[j] = None
+                _reduce(xs, lanes, pairs, bufs)
+                del xs  # this block index is not held while the next one is read
     except Exception as e:  # noqa: BLE001 - an unexpected failure: every row of the group
         for pos, lane in enumerate(lanes):
             lane.error = lane.error or _error(e)

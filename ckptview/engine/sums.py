@@ -13,6 +13,8 @@ alone, as before.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -20,8 +22,11 @@ import numpy as np
 PIECE = 1 << 18
 #: values per dot product (under OpenBLAS's 10,000-value threshold for its threads)
 ROW = 8 << 10
+#: scratch buffers kept between uses (at most 6 MiB each)
+KEEP_SCRATCH = 4
 _vecdot = getattr(np, "vecdot", None)  # numpy >= 2; einsum before
-_LOCAL = threading.local()
+_FREE: list[np.ndarray] = []
+_LOCK = threading.Lock()
 
 
 def row_dots(u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -50,10 +55,23 @@ def sum_squares(v: np.ndarray) -> float:
     return float(row_dots(v, v).sum())
 
 
-def buffers(n: int) -> np.ndarray:
-    """Three float64 rows of ``n`` values for this thread, kept for its next calls (fresh
-    pages would be faulted in and zeroed each time)."""
-    bufs = getattr(_LOCAL, "bufs", None)
-    if bufs is None or bufs.shape[1] < n:
-        bufs = _LOCAL.bufs = np.empty((3, max(n, ROW)))
-    return bufs[:, :n]
+@contextmanager
+def scratch(n: int, rows: int = 3) -> Iterator[np.ndarray]:
+    """``rows`` float64 rows of ``n`` values to work in, given back after use: up to
+    :data:`KEEP_SCRATCH` of them are kept for the next caller (fresh pages would be faulted in
+    and zeroed for each variable), whatever thread it runs on."""
+    with _LOCK:
+        for i, buf in enumerate(_FREE):
+            if buf.shape[0] == rows and buf.shape[1] >= n:
+                del _FREE[i]
+                break
+        else:
+            buf = None
+    if buf is None:
+        buf = np.empty((rows, max(n, ROW)))
+    try:
+        yield buf[:, :n]
+    finally:
+        with _LOCK:
+            if len(_FREE) < KEEP_SCRATCH:
+                _FREE.append(buf)
