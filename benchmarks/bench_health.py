@@ -32,7 +32,7 @@ starts from a copy of the cache as it was before the serial was added.
 **Live** (a dashboard or notebook on a run that is training): one process computes the health
 of ``--serials`` serials (untimed, from an empty cache), the next serial lands, and ``refresh()`` + headers +
 ``health()`` are timed. The last call kept the newest serial's values in memory
-(:mod:`ckptview.engine.kept`, up to ``KEEP_BYTES``), so only the new serial is read.
+(:mod:`ckptview.health.kept`, up to ``KEEP_BYTES``), so only the new serial is read.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def incremental_case(kind: str, root: str, cache: str, new: str) -> dict:
         landed = Path(root) / Path(new).name
         cat = cv.open(root, cache=cache)
         cat.health()  # the run so far, untimed (the newest serial's values are kept)
-        kept = __import__("ckptview.engine.kept", fromlist=["KEPT"]).KEPT.nbytes
+        kept = __import__("ckptview.health.kept", fromlist=["KEPT"]).KEPT.nbytes
         shutil.move(new, landed)  # the next serial lands
         try:
             t0, c0 = time.perf_counter(), cpu_seconds()

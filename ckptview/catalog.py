@@ -309,7 +309,7 @@ class Catalog:
         """The policy stored with the tree, or None."""
         return _retention.retention_policy(self._scan)
 
-    # -- health over serials (ckptview.engine.health) ----------------------
+    # -- health over serials (ckptview.health) ----------------------
     def health(self, serials: int | Iterable[int] | None = None,
                names: str | Iterable[str] | None = None, spectral: bool = False, *,
                kinds: str | Iterable[str] | None = None,
@@ -318,7 +318,7 @@ class Catalog:
         ``max_abs``, ``n_nan``, ``n_inf``, ``update_rel`` (vs the previous serial holding
         it), with ``spectral`` also ``sigma_max`` and ``alpha`` of 2-D weights. Streamed,
         and cached per file identity: a reopened or grown tree reads only new files."""
-        from .engine import health as _health
+        from . import health as _health
 
         return _health.health(self._scan, serials, names, spectral, kinds, progress=progress)
 
@@ -328,7 +328,7 @@ class Catalog:
         """Per serial: ``status`` (ok | nonfinite | spike | frozen | not_loadable),
         ``findings``, ``onset``; ``.attrs``: ``first``, ``divergence``, ``rollback_point``,
         ``top`` (docs/health.md)."""
-        from .engine import health as _health
+        from . import health as _health
 
         return _health.health_summary(self._scan, spike_factor, kinds, loss_factor, progress)
 

@@ -312,7 +312,7 @@ def test_runs_in_flight_local_one_by_one_remote_on_the_pool(sweep, monkeypatch):
     remote store (here memory://) or an executor gets the pool."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ckptview import experiment as E
+    from ckptview.experiment import opening as E
 
     assert E.runs_in_flight([str(sweep / "hf"), str(sweep / "tf")], None, None) == 1
     assert E.runs_in_flight([str(sweep / "hf"), "memory://sweep/x"], None, None) == E.RUN_WORKERS

@@ -13,9 +13,12 @@ import pandas as pd
 import pytest
 
 import ckptview as cv
-from ckptview.engine import health as H
-from ckptview.engine import kept as K
-from ckptview.engine.kept import KEPT
+from ckptview import health as H
+from ckptview.engine import sums
+from ckptview.engine.stats import CHUNK_BYTES
+from ckptview.health import kept as K
+from ckptview.health import measure, spectral
+from ckptview.health.kept import KEPT
 from ckptview.scan.cache import HeaderCache
 
 SHAPES = {"fc1.weight": (48, 24), "fc1.bias": (24,), "fc2.weight": (12, 48), "out.weight": (8, 12)}
@@ -115,7 +118,7 @@ def test_large_tensors_span_pieces_and_rows(tmp_path):
     """Tensors larger than a widened piece, of lengths that are no multiple of a row, with
     NaN and infinities in some rows, read in chunks that cut rows anywhere: the statistics and
     update_rel equal numpy's."""
-    n = 2 * H.PIECE + 3 * H.ROW + 17
+    n = 2 * sums.PIECE + 3 * sums.ROW + 17
     rng = np.random.default_rng(7)
     base = rng.normal(size=n).astype(np.float32)
     written = {}
@@ -123,12 +126,12 @@ def test_large_tensors_span_pieces_and_rows(tmp_path):
     for s in (1, 2, 3):
         big = base + np.float32(0.001 * s) * rng.normal(size=n).astype(np.float32)
         if s == 3:
-            big[H.PIECE + 5] = np.inf  # a later piece's row: the masked path
+            big[sums.PIECE + 5] = np.inf  # a later piece's row: the masked path
             big[n - 3] = np.nan  # the short last row
-        written[s] = {"big": big, "odd": big[: H.ROW + 1].astype(np.float64)}
+        written[s] = {"big": big, "odd": big[: sums.ROW + 1].astype(np.float64)}
         write_serial(tmp_path / "run", s, written[s])
     scan = cv.open(tmp_path / "run", cache=False)._scan
-    for chunk_bytes in (H.CHUNK_BYTES, 40_000):  # whole rows and pieces; rows cut anywhere
+    for chunk_bytes in (CHUNK_BYTES, 40_000):  # whole rows and pieces; rows cut anywhere
         h = H.health(scan, chunk_bytes=chunk_bytes)
         for r in h.itertuples():
             x = f64(written[r.serial][r.name])
@@ -146,12 +149,12 @@ def test_large_tensors_span_pieces_and_rows(tmp_path):
 
 def test_row_squares_equal_dots():
     rng = np.random.default_rng(1)
-    for n in (0, 1, H.ROW - 1, H.ROW, H.ROW + 1, 3 * H.ROW + 5):
+    for n in (0, 1, sums.ROW - 1, sums.ROW, sums.ROW + 1, 3 * sums.ROW + 5):
         v = rng.normal(size=n)
-        rows = H.row_squares(v)
-        want = [float(v[i : i + H.ROW].dot(v[i : i + H.ROW])) for i in range(0, n, H.ROW)]
+        rows = sums.row_squares(v)
+        want = [float(v[i : i + sums.ROW].dot(v[i : i + sums.ROW])) for i in range(0, n, sums.ROW)]
         np.testing.assert_allclose(rows, want, rtol=1e-13)
-        assert H.sum_squares(v) == pytest.approx(float(v.dot(v)), rel=1e-13)
+        assert sums.sum_squares(v) == pytest.approx(float(v.dot(v)), rel=1e-13)
 
 
 def test_a_tree_without_variables_has_an_empty_table(tmp_path):
@@ -175,7 +178,7 @@ def test_filters_and_unknown_names(tmp_path):
         cat.health(serials=[999])
 
 
-@pytest.mark.parametrize("chunk_bytes", [H.CHUNK_BYTES, 1000])
+@pytest.mark.parametrize("chunk_bytes", [CHUNK_BYTES, 1000])
 def test_each_serial_is_read_once(tmp_path, chunk_bytes):
     """update_rel pairs each serial with its predecessor in the same pass: every file's
     tensor bytes are read at most once (the old lockstep read each serial's twice)."""
@@ -280,7 +283,7 @@ def test_spectral_matches_svd_and_fit(tmp_path):
             assert math.isnan(r.sigma_max) and math.isnan(r.alpha)
             continue
         assert r.sigma_max == pytest.approx(np.linalg.svd(f64(w), compute_uv=False)[0], rel=1e-9)
-        if min(w.shape) < H.MIN_EVALS:  # out.weight: 8 eigenvalues, too few to fit
+        if min(w.shape) < spectral.MIN_EVALS:  # out.weight: 8 eigenvalues, too few to fit
             assert math.isnan(r.alpha), r.name
         else:
             assert r.alpha == pytest.approx(independent_alpha(w), rel=1e-6), r.name
@@ -290,7 +293,7 @@ def test_spectral_matches_svd_and_fit(tmp_path):
 def test_alpha_recovers_a_power_law():
     rng = np.random.default_rng(1)
     evals = (1 - rng.random(4000)) ** (-1 / (3.0 - 1))  # Pareto, alpha = 3, xmin = 1
-    alpha, xmin, d = H.fit_alpha(evals)
+    alpha, xmin, d = spectral.fit_alpha(evals)
     assert alpha == pytest.approx(3.0, abs=0.15) and d < 0.05
 
 
@@ -496,13 +499,13 @@ def test_a_variable_over_the_budget_is_never_collected(tmp_path, monkeypatch):
     monkeypatch.setattr(K, "KEEP_BYTES", 24 * 4)  # fc1.bias (24 float32) and nothing larger
     KEPT.clear()
     collected = []
-    real = H._Lane._collect
+    real = measure._Lane._collect
 
     def spy(self, x):
         collected.append(x.size)
         return real(self, x)
 
-    monkeypatch.setattr(H._Lane, "_collect", spy)
+    monkeypatch.setattr(measure._Lane, "_collect", spy)
     cv.open(root, cache=False).health()
     assert sum(collected) == 24  # fc1.bias of the newest serial only
     assert KEPT.nbytes == 24 * 4

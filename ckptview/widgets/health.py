@@ -29,7 +29,7 @@ from bokeh.models import (
 from bokeh.palettes import Viridis256
 from bokeh.plotting import figure
 
-from ckptview.engine.health import summarize, variable_rules
+from ckptview.health import summarize, variable_rules
 
 from ._base import (
     BUTTON_CSS,

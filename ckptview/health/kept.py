@@ -2,7 +2,7 @@
 
 ``update_rel`` of a serial needs its predecessor's values. On a live run (a dashboard or a
 notebook that calls ``refresh()`` then ``health()`` as serials land) that predecessor was the
-newest serial of the last call: :func:`ckptview.engine.health.health` keeps its values here,
+newest serial of the last call: :func:`ckptview.health.health` keeps its values here,
 so the new serial costs one read of its own files instead of two. Entries are keyed by the
 identities (URL, size, mtime, ETag) of the files the values came from, so a changed file is
 never served from memory; a variable's older entry goes when a newer one is kept; the whole
