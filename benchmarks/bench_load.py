@@ -11,11 +11,13 @@ peer (``benchmarks/peer_table_app.py``). Measured for each, in one run:
 * ``--pages`` page loads one after another (a fresh browser context each, so nothing cached):
   the server process's CPU seconds per page (everything it does for one visitor: the page,
   its resources, the WebSocket session) and the time from navigation to the first serial row;
+  then ``--pages`` visits of the protocol client (below) one after another: the server's CPU
+  seconds per page without the page's resources (steadier: no browser on the same cores);
 * ``--gets`` page GETs at once (threads): latency p50 / p95;
 * ``--sessions`` visitors at once, ``--waves`` times, each asking the server exactly what a
   browser asks (the page, then over its WebSocket the document, then ``document_ready``) but
   drawing nothing: the time until the document holding the first rows has arrived and until
-  the server acknowledged ``document_ready`` (or sent the parts an app draws then), p50 / p95
+  the server acknowledged ``document_ready`` (neither app draws anything then), p50 / p95
   (20 people open the page from their own machines; the server's cores serve them alone);
 * ``--sessions`` Chromium pages opened at once, ``--waves`` times: time from navigation to the
   first serial row, p50 / p95 (Chromium renders on the same 2 cores as the server);
@@ -83,10 +85,11 @@ def gets(url: str, n: int) -> list[float]:
         return list(pool.map(one, range(n)))
 
 
-async def visit(url: str, late: bool) -> tuple[float, float]:
+async def visit(url: str) -> tuple[float, float]:
     """What a browser asks of the server for one page, drawing nothing: seconds until the
-    document (with the first rows) has arrived, and until the parts drawn after the page said
-    it is ready have (``late``: the app draws some; else until the server acknowledged)."""
+    document (with the first rows) has arrived, and until the server acknowledged
+    ``document_ready`` (neither app sends anything then: the dashboard's tree picker waits for
+    its button, what is below the serials for a scroll)."""
     t = time.perf_counter()
     ws = await open_document(url)
     try:
@@ -94,7 +97,7 @@ async def visit(url: str, late: bool) -> tuple[float, float]:
         await send(ws, "PATCH-DOC", READY)
         while True:
             header, _ = await message(ws)
-            if header["msgtype"] == ("PATCH-DOC" if late else "OK"):
+            if header["msgtype"] == "OK":
                 break
         return document, time.perf_counter() - t
     finally:
@@ -117,7 +120,7 @@ async def first_row(browser, url: str) -> float:
         await context.close()
 
 
-async def measure(app: Path, tree: Path, args, browser, late: bool) -> dict:
+async def measure(app: Path, tree: Path, args, browser) -> dict:
     server = Server([str(tree)], extra=["--warm", *LIFETIME], app_args=["--poll", "0"],
                     timeout=600, app=app)  # fmt: skip
     pid = server.proc.pid
@@ -130,12 +133,16 @@ async def measure(app: Path, tree: Path, args, browser, late: bool) -> dict:
         out["cpu"] = (cpu_s(pid) - c0) / args.pages
         out["alone"] = alone
         await asyncio.sleep(4)
+        c0 = cpu_s(pid)
+        for _ in range(args.pages):
+            await visit(server.url)
+        out["cpu_client"] = (cpu_s(pid) - c0) / args.pages
+        await asyncio.sleep(4)
         out["gets"] = await asyncio.to_thread(gets, server.url, args.gets)
         await asyncio.sleep(DISCARDED)  # the GETs' sessions discarded
         visits: list[tuple[float, float]] = []
         for _ in range(args.waves):
-            visits += await asyncio.gather(*(visit(server.url, late)
-                                             for _ in range(args.sessions)))  # fmt: skip
+            visits += await asyncio.gather(*(visit(server.url) for _ in range(args.sessions)))
             await asyncio.sleep(DISCARDED)
         out["visits"] = visits
         loads: list[float] = []
@@ -164,7 +171,7 @@ def row(name: str, r: dict, args) -> list[str]:
     waves = r["rss"][2:]  # after each wave (the first: sessions' one-time costs)
     per = ((waves[-1] - waves[0]) / ((len(waves) - 1) * args.sessions) * 1024
            if len(waves) > 1 else float("nan"))  # fmt: skip
-    return [name, f"{r['cpu']:.2f}", f"{statistics.median(a):.2f}",
+    return [name, f"{r['cpu']:.2f}", f"{r['cpu_client']:.3f}", f"{statistics.median(a):.2f}",
             f"{statistics.median(g):.2f} / {pct(g, .95):.2f}",
             f"{statistics.median(s):.2f} / {pct(s, .95):.2f} ({len(s)})",
             " → ".join(f"{m:.0f}" for m in r["rss"]), f"{per:.0f}"]  # fmt: skip
@@ -179,33 +186,31 @@ async def run(args) -> None:
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            # neither page draws anything once it is up (the dashboard's tree picker waits
-            # for its button, what is below the serials for a scroll): both are done when the
-            # server acknowledged ``document_ready``
-            for name, app, late in (("ckptview", APP, False),
-                                    ("one Tabulator (peer)", PEER, False)):  # fmt: skip
-                results[name] = await measure(app, tree, args, browser, late)
+            for name, app in (("ckptview", APP), ("one Tabulator (peer)", PEER)):
+                results[name] = await measure(app, tree, args, browser)
         finally:
             await browser.close()
     print(f"\n{args.pages} pages one after another; {args.gets} GETs at once; "
           f"{args.waves} waves of {args.sessions} browser sessions at once\n")
-    print("| app | server CPU per page (s) | first row, alone, median (s) "
+    print("| app | server CPU per page, Chromium (s) | server CPU per page, protocol client (s) "
+          "| first row, alone, median (s) "
           f"| {args.gets} GETs at once: p50 / p95 (s) "
           f"| {args.sessions} sessions at once, first row: p50 / p95 (s) (loads) "
           "| server RSS: start → before the waves → after each (MiB) "
           "| growth per discarded session, waves 2..n (KiB) |")
-    print("|---|---:|---:|---:|---:|---|---:|")
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
     for name, r in results.items():
         print("| " + " | ".join(row(name, r, args)) + " |")
     print(f"\n{args.waves} waves of {args.sessions} visitors at once asking what a browser asks "
           "(page, document, document_ready), drawing nothing\n")
-    print("| app | document with the first rows: p50 / p95 (s) | whole page, late parts "
-          "included: p50 / p95 (s) | loads |")
+    print("| app | document with the first rows: p50 / p95 (s) "
+          "| document_ready acknowledged: p50 / p95 (s) | loads |")
     print("|---|---:|---:|---:|")
     for name, r in results.items():
         print("| " + " | ".join(visits_row(name, r)) + " |")
     ours, peer = results["ckptview"], results["one Tabulator (peer)"]
-    print(f"\nratios to the peer: CPU per page {ours['cpu'] / peer['cpu']:.2f}×, first row alone "
+    print(f"\nratios to the peer: CPU per page {ours['cpu'] / peer['cpu']:.2f}× (protocol client "
+          f"{ours['cpu_client'] / peer['cpu_client']:.2f}×), first row alone "
           f"{statistics.median(ours['alone']) / statistics.median(peer['alone']):.2f}×, "
           f"p95 under {args.sessions} sessions "
           f"{pct(ours['sessions'], .95) / pct(peer['sessions'], .95):.2f}×, p95 of the document "

@@ -55,7 +55,6 @@ async def open_document(url: str, timeout: float = 600, content: bool = False):
 def seen(doc: str) -> dict:
     """The PATCH-DOC content a browser sends once the visitor sees the page's placeholder of
     the parts built when seen (``ckptview.widgets._base.SeenMarker``), given the document."""
-    import json
 
     def models(node):
         if isinstance(node, dict):

@@ -182,6 +182,39 @@ def test_the_icon_stylesheet_is_served_without_its_unranged_roboto_faces(served)
     assert len(faces) == 18 and all("unicode-range" in f for f in faces)
 
 
+def test_the_icon_stylesheet_is_edited_once_per_content(monkeypatch):
+    """``RobotoRanges`` runs its regex once per content of the file, not on every request
+    (a changed file is edited again); other paths pass untouched."""
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest
+
+    from ckptview.widgets.server import RobotoRanges
+
+    face = RobotoRanges.FACE
+    edits = []
+
+    class Counting:
+        def sub(self, repl, text):
+            edits.append(text)
+            return face.sub(repl, text)
+
+    monkeypatch.setattr(RobotoRanges, "edited", {})
+    monkeypatch.setattr(RobotoRanges, "FACE", Counting())
+    roboto = b'@font-face { font-family: "Roboto"; src: url(r.woff2); }\n'
+    icons = b'@font-face { font-family: "Material Icons"; src: url(i.woff2); }\n'
+
+    def send(body: bytes, path: str = RobotoRanges.PATH) -> bytes:
+        request = HTTPServerRequest(method="GET", uri=path + "?v=1")
+        headers = HTTPHeaders({"Content-Length": str(len(body))})
+        _, headers, out = RobotoRanges(request).transform_first_chunk(200, headers, body, True)
+        assert headers["Content-Length"] == str(len(out))
+        return out
+
+    assert send(roboto + icons) == icons and send(roboto + icons) == icons
+    assert len(edits) == 1
+    assert send(roboto + icons + b"/* v2 */") == icons + b"/* v2 */" and len(edits) == 2
+    assert send(roboto, path="/static/other.css") == roboto and len(edits) == 2
+
+
 def test_static_gzip_keeps_each_resource_once(tmp_path):
     """The compressed bytes are kept per URL and Etag (a changed file is compressed again),
     never for an HTML page, and the store stays within its byte budget."""

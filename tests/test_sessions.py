@@ -222,8 +222,8 @@ def test_the_tree_picker_is_built_when_its_button_is_clicked(demo, monkeypatch):
 
 
 def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():
-    """One part drawn after the first paint raising does not keep the others off the page."""
-    from ckptview.widgets._base import draw_later
+    """One part drawn once seen raising does not keep the others (same batch) off the page."""
+    from ckptview.widgets._base import draw_when_seen
 
     def app():
         broken, fine = pn.Column(), pn.Column()
@@ -231,14 +231,15 @@ def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():
         def fail():
             raise OSError("the storage went away")
 
-        draw_later(broken, fail)
-        draw_later(fine, lambda: pn.pane.Markdown("drawn after the first paint"))
+        draw_when_seen(broken, fail, text="below")
+        draw_when_seen(fine, lambda: pn.pane.Markdown("drawn once seen"), marker=False)
         return pn.Column(broken, fine)
 
     with serving(app) as url:
-        patches = asyncio.run(_late_messages(url))
-    late = "".join(patches)
-    assert "drawn after the first paint" in late
+        ready, after_seen = asyncio.run(_late_messages(url, then_seen=True))
+    assert ready == []
+    late = "".join(after_seen)
+    assert "drawn once seen" in late
     assert "Could not draw this part:" in late and "the storage went away" in late
 
 
@@ -252,6 +253,25 @@ def wait_listening(port: int, timeout: float = 60) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def test_served_means_a_session_of_a_server():
+    """Not in a notebook, nor in the session ``panel serve --warm`` runs the app in at startup
+    (a session context with no server behind it: the trees are catalogued there, at once)."""
+    from bokeh.server.contexts import BokehSessionContext
+
+    from ckptview.widgets._base import served
+
+    assert not served()
+    doc = Document()
+    doc._session_context = weakref.ref(BokehSessionContext("warm", None, doc))
+    with set_curdoc(doc):
+        assert not served()
+    server_doc = Document()
+    context = BokehSessionContext("page", object(), server_doc)
+    server_doc._session_context = weakref.ref(context)
+    with set_curdoc(server_doc):
+        assert served()
 
 
 def test_other_tabs_are_built_when_first_opened(demo):

@@ -615,6 +615,31 @@ def test_dashboard_of_an_experiment_opens_on_runs_and_a_click_opens_browse(sweep
     assert plain.tab_names[0] == "Browse" and plain.runs_view is None
 
 
+def test_text_tabs_keep_their_headers_in_step_and_send_none_for_text_titles():
+    """``TextTabs`` sends no header for tabs titled by text, and its headers stay in step with
+    its tabs when tabs are inserted, appended and removed (a header pane stays on its tab)."""
+    import panel as pn
+    from bokeh.document import Document
+
+    from ckptview.widgets.app import TextTabs
+
+    tabs = TextTabs(("A", pn.Column()), ("B", pn.Column()))
+    tabs.insert(0, ("Runs", pn.Column()))  # as the dashboard of an experiment does
+    tabs.append(("C", pn.Column()))
+    assert tabs._names == ["Runs", "A", "B", "C"] and len(tabs._headers) == 4
+    model = tabs.get_root(Document())
+    assert model.data._headers == []  # titles only: no header model sent
+    header = pn.pane.Markdown("**mine**")
+    tabs.insert(2, (header, pn.Column()))
+    assert len(tabs._headers) == len(tabs) == 5 and tabs._headers.index(header) == 2
+    sent = model.data._headers  # one per tab now, the pane's own on its tab
+    assert len(sent) == 5 and sent[2] is header._models[model.ref["id"]][0]
+    tabs.append(("D", pn.Column()))
+    assert tabs._headers.index(header) == 2 and len(tabs._headers) == 6
+    tabs.remove(tabs[2])  # its header goes with it: titles only again
+    assert tabs._names == ["Runs", "A", "B", "C", "D"] and model.data._headers == []
+
+
 def test_run_names_on_the_runs_page_are_text(sweep):
     name = 'lr<img src=x onerror="alert(1)">'
     shutil.move(sweep / "lr_3e-4", sweep / name)

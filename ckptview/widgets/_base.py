@@ -191,16 +191,16 @@ def rule() -> pn.Spacer:
 
 
 def served() -> bool:
-    """Whether the code runs for a browser session of a Panel server (not a notebook)."""
+    """Whether the code runs for a browser session of a Panel server: not in a notebook, nor
+    in the session ``panel serve --warm`` runs the app in at startup (no server behind it)."""
     doc = pn.state.curdoc
-    return doc is not None and doc.session_context is not None
+    context = doc.session_context if doc is not None else None
+    return context is not None and getattr(context, "server_context", None) is not None
 
 
-#: the attribute of a served Document still being built: the fills :func:`draw_later` queued
-#: for it (on the Document itself: they go when it goes, even if the page never got ready)
-_LATER = "_ckptview_draw_later"
 #: the attribute of a served Document: the fills :func:`draw_when_seen` queued for it, None
-#: once they were drawn (on the Document itself, as ``_LATER``)
+#: once they were drawn (on the Document itself: they go when it goes, even if the page never
+#: got ready)
 _SEEN = "_ckptview_draw_when_seen"
 
 
@@ -215,33 +215,6 @@ def _fill(doc, fills: list) -> None:
                 target.objects = [build()]
             except Exception as e:  # noqa: BLE001 - the other parts still drawn
                 target.objects = [notice(md_problem(e, "draw this part"), "danger")]
-
-
-def draw_later(area: pn.layout.ListLike, make: Callable[[], Any]) -> None:
-    """Fill ``area`` with ``make()``: served, while a page is first built, once it is up;
-    otherwise (a notebook, a page already shown) at once.
-
-    The first page paints sooner without the parts it does not need for its first table (the
-    tree picker), built on the next turn of the event loop after the page said it is ready,
-    all in one batch: one walk of the document's models and one message to the browser for
-    all of them. Content that joins a page already shown is built whole: a table shown and
-    resized by content arriving a moment later (before Tabulator built it) breaks the page."""
-    if not served() or pn.state.loaded:
-        area.objects = [make()]
-        return
-    doc = pn.state.curdoc
-    queued = getattr(doc, _LATER, None)
-    if queued is None:
-        queued = []
-        setattr(doc, _LATER, queued)
-
-        def fill_all() -> None:
-            fills = getattr(doc, _LATER, [])
-            setattr(doc, _LATER, None)
-            _fill(doc, fills)
-
-        pn.state.onload(lambda: doc.add_next_tick_callback(fill_all))
-    queued.append((area, make))
 
 
 class SeenMarker(ReactiveHTML):
@@ -293,7 +266,7 @@ def draw_when_seen(area: pn.layout.ListLike, make: Callable[[], Any], text: str 
     What is below the first screen of a page (the timeline and the variables under the
     serials table) is not built for a visitor who never looks at it: the server's work per
     page is then what the first screen shows. Every part queued for the page is built in one
-    batch when the first is seen (they are next to each other), as :func:`draw_later` does.
+    batch when the first is seen (they are next to each other).
     ``text`` stands in the placeholder meanwhile; ``marker=False``: ``area`` waits for a part
     queued before it on the page (just above it) to be seen, with no placeholder of its own."""
     doc = pn.state.curdoc

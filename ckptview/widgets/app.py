@@ -11,6 +11,7 @@ import argparse
 import gc
 import os
 import weakref
+from functools import cached_property
 
 import panel as pn
 import panel_material_ui as pmui
@@ -65,7 +66,7 @@ class Dashboard(pn.viewable.Viewer):
         self.tab_names = ["Runs", *TABS] if experiment is not None else list(TABS)
         self.runs_view = (RunsView(experiment, on_open=self.open_run, workspace=workspace)
                           if experiment is not None else None)  # fmt: skip
-        self._picker: TreePicker | None = None  # built when the visitor asks for it
+        self._picker_slot: pn.Column | None = None  # the sidebar's place of the tree picker
         self._views: dict[str, pn.viewable.Viewer] = {}  # tab name -> its view, once built
         self._browsers: dict[str, RunBrowser] = {}
         self._trajectories: dict[str, TrajectoryPlot] = {}
@@ -81,7 +82,6 @@ class Dashboard(pn.viewable.Viewer):
         if self.runs_view is not None:  # an experiment: its Runs page first, and shown first
             self.tabs.insert(0, ("Runs", pn.Column(self.runs_view, sizing_mode="stretch_width")))
             self.tabs.active = 0
-        drop_blank_headers(self.tabs)
         self._watchers = [workspace.param.watch(self._on_runs, "runs"),
                           workspace.param.watch(self._on_changed, "changed")]  # fmt: skip
         self.tabs.param.watch(self._on_tab, "active")
@@ -90,12 +90,10 @@ class Dashboard(pn.viewable.Viewer):
         self._on_runs()
 
     # -- views built on first use -------------------------------------------------------------
-    @property
+    @cached_property
     def picker(self) -> TreePicker:
         """The "Open another tree" form, built on first use (its button in the sidebar)."""
-        if self._picker is None:
-            self._picker = TreePicker(self.workspace)
-        return self._picker
+        return TreePicker(self.workspace)
 
     def view(self, name: str) -> pn.viewable.Viewer:
         """The view of the tab ``name`` (Compare, Restore, Retention), built on first use."""
@@ -279,7 +277,7 @@ class Dashboard(pn.viewable.Viewer):
     def open_picker(self) -> TreePicker:
         """Show the tree picker in the sidebar (what its button does); the picker."""
         picker = self.picker
-        slot = getattr(self, "_picker_slot", None)
+        slot = self._picker_slot
         if slot is not None and picker not in slot.objects:
             slot.objects = [pn.pane.Markdown("#### Open another tree"), picker]
         return picker
@@ -290,40 +288,57 @@ class Dashboard(pn.viewable.Viewer):
                       sizing_mode="stretch_width")  # fmt: skip
 
 
+class _NoHeader(pn.viewable.Viewable):
+    """The header of a tab titled by text in :class:`TextTabs`: a place holder, never sent."""
+
+    def select(self, selector=None) -> list:
+        return []
+
+    def _cleanup(self, root=None) -> None:
+        pass
+
+
+#: one for every tab titled by text (it holds nothing and never becomes a model)
+_NO_HEADER = _NoHeader()
+
+
 class TextTabs(pmui.Tabs):
     """``pmui.Tabs`` whose tabs titled by text get no header pane.
 
-    ``pmui.Tabs`` makes a header pane for every tab, an empty text pane when the title is plain
-    text (six panes per page, each a Panel object built for nothing; see
-    :func:`drop_blank_headers`)."""
-
-    _building = False
+    ``pmui.Tabs`` makes a header pane for every tab, an empty text pane (and the ``Row`` every
+    pane has) when the title is plain text, which is then all the browser shows: two Panel
+    objects and a Bokeh model per tab, built and sent for nothing. Here such a tab's header is
+    :data:`_NO_HEADER`, so ``_headers`` stays in step with the tabs through ``insert``,
+    ``append``, ``pop``... and no header is sent while every tab is titled by text. Once a tab
+    has a header of its own, the others get their empty text pane, as in ``pmui.Tabs``."""
 
     def __init__(self, *objects, **params):
-        object.__setattr__(self, "_building", True)
-        try:
-            super().__init__(*objects, **params)
-        finally:
-            object.__setattr__(self, "_building", False)
+        super().__init__(*objects, **params)
+        self._step_headers()
 
-    def _to_objects_and_names(self, items):
-        parts = super()._to_objects_and_names(items)
-        if self._building and len(parts) == 3 and all(header is None for header in parts[1]):
-            return parts[0], [], parts[2]
-        return parts
+    def _to_object_and_name(self, item):
+        pane, header, name = super()._to_object_and_name(item)
+        return pane, _NO_HEADER if header is None else header, name
 
+    def _step_headers(self) -> None:
+        """No text pane for a tab titled by text, unless another tab has a header pane."""
+        headers = self._headers
+        blank = [h is _NO_HEADER or (isinstance(h, pn.pane.Str) and h.object is None)
+                 for h in headers]  # fmt: skip
+        if all(blank):
+            headers[:] = [_NO_HEADER] * len(headers)
+        else:
+            headers[:] = [pn.pane.Str() if h is _NO_HEADER else h for h in headers]
 
-def drop_blank_headers(tabs: pmui.Tabs) -> None:
-    """Let ``tabs`` send no header content for its tabs titled by text.
+    @param.depends("objects", watch=True)
+    def _trigger_names(self):  # every change of the tabs ends here (``objects`` set)
+        self._step_headers()
+        super()._trigger_names()
 
-    ``pmui.Tabs`` keeps a header pane for every tab, an empty text pane when the tab has a
-    plain title (which is then all the browser shows): a Bokeh model per tab that every page
-    built, serialised and sent for nothing. Call once the tabs are all added."""
-    headers = getattr(tabs, "_headers", None)
-    if (isinstance(headers, list) and headers
-            and all(h is None or (isinstance(h, pn.pane.Str) and h.object is None)
-                    for h in headers)):  # fmt: skip
-        tabs._headers = []
+    def _get_child_model(self, child, doc, root, parent, comm):
+        if child is self._headers and all(h is _NO_HEADER for h in child):
+            return [], []
+        return super()._get_child_model(child, doc, root, parent, comm)
 
 
 def server_executor() -> IsolatedExecutor:
@@ -586,19 +601,10 @@ def settle(urls: list[str], executor=None) -> None:
     pn.state.cache["ckptview-gc-frozen"] = True
 
 
-def warming() -> bool:
-    """Whether the app runs for ``panel serve --warm`` (before the server takes a page): a
-    session of its own, with no server behind it. (It counts as served, so ``serve`` took it
-    for a page: the trees were catalogued on the first pages, not at startup.)"""
-    doc = pn.state.curdoc
-    context = doc.session_context if doc is not None else None
-    return context is not None and getattr(context, "server_context", True) is None
-
-
 def serve(argv: list[str]):
     """Build the page from ``--args`` and mark it servable (the whole of the app script)."""
     urls, allow_write = parse_args(argv)
-    if not is_served() or warming():  # ``--warm``: catalogue now; else the first page
+    if not is_served():  # a notebook or ``--warm``: catalogue now; else the first page
         settle(urls, server_executor())  # shows the progress
     page = build_app(urls, allow_write=allow_write, poll_seconds=poll_seconds(argv), isolate=True)
     return page.servable(title="ckptview")

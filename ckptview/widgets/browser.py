@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import panel as pn
 import param
 
@@ -30,59 +32,56 @@ class RunBrowser(pn.viewable.Viewer):
     def __init__(self, catalog: cv.Catalog, **params):
         super().__init__(catalog=catalog, **params)
         self.serials = SerialsTable(catalog, poll_seconds=self.poll_seconds)
-        self._variables: VariablesTable | None = None
-        self._detail: VariableDetail | None = None
-        self._verify: VerifyPanel | None = None
         self.serials.param.watch(self._on_serial, "selected")
         self.serials.param.watch(self._on_sync, "version")
         self.param.watch(lambda e: setattr(self.serials, "poll_seconds", e.new), "poll_seconds")
 
     # -- the parts below the serials, built on first use ------------------------------------
-    @property
+    @cached_property
     def variables(self) -> VariablesTable:
-        if self._variables is None:
-            self._variables = VariablesTable(self.catalog, serial=self.serials.selected)
-            self._variables.param.watch(self._on_variable, "selected")
-        return self._variables
+        variables = VariablesTable(self.catalog, serial=self.serials.selected)
+        variables.param.watch(self._on_variable, "selected")
+        return variables
 
-    @property
+    @cached_property
     def detail(self) -> VariableDetail:
-        if self._detail is None:
-            self._detail = VariableDetail(self.catalog, serial=self.serials.selected)
-        return self._detail
+        return VariableDetail(self.catalog, serial=self.serials.selected)
 
-    @property
+    @cached_property
     def verify(self) -> VerifyPanel:
-        if self._verify is None:
-            self._verify = VerifyPanel(self.catalog, serial=self.serials.selected)
-        return self._verify
+        return VerifyPanel(self.catalog, serial=self.serials.selected)
+
+    def _part(self, name: str):
+        """The part ``name`` (variables, detail, verify) if built yet, else None."""
+        return self.__dict__.get(name)
 
     @property
     def built(self) -> list[str]:
         """The parts below the serials built so far."""
-        parts = {"variables": self._variables, "detail": self._detail, "verify": self._verify}
-        return [name for name, part in parts.items() if part is not None]
+        return [name for name in ("variables", "detail", "verify") if self._part(name) is not None]
 
     def poll(self) -> list[int]:
         """Check the tree and take in new serials now (blocking); the new serials."""
         return self.serials.poll()
 
     def _on_sync(self, event) -> None:
-        if self._variables is not None and self._variables.serial in self.serials.updated:
-            self._variables._update_serial()  # the shown serial changed on disk
-            if self._detail is not None:
-                self._detail._describe()
+        variables, detail = self._part("variables"), self._part("detail")
+        if variables is not None and variables.serial in self.serials.updated:
+            variables._update_serial()  # the shown serial changed on disk
+            if detail is not None:
+                detail._describe()
 
     def _on_serial(self, event) -> None:
         # a serial clicked: its variables are what the visitor asked for (served, the parts
         # still waiting to be scrolled to are built now, for this serial)
         reveal()
-        if self._variables is not None:
-            self._variables.serial = event.new
-        if self._verify is not None:
-            self._verify.serial = event.new
-        if self._detail is not None:
-            self._detail.param.update(serial=event.new, variable="", node="")
+        variables, verify, detail = (self._part(n) for n in ("variables", "verify", "detail"))
+        if variables is not None:
+            variables.serial = event.new
+        if verify is not None:
+            verify.serial = event.new
+        if detail is not None:
+            detail.param.update(serial=event.new, variable="", node="")
 
     def _on_variable(self, event) -> None:
         if event.new:

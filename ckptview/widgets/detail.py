@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import pandas as pd
 import panel as pn
 import param
@@ -54,37 +56,30 @@ class VariableDetail(pn.viewable.Viewer):
         self.button.on_click(self._on_compute)
         # the statistics table and the histogram are built, and join the page, when there is
         # something to show in them (a page that never asks for statistics never builds them)
-        self._stats: pn.widgets.Tabulator | None = None
-        self._plot: pn.pane.HoloViews | None = None
         self.results = pn.Row(sizing_mode="stretch_width")
         self.body = pn.Column(self.info, self.button, self.results,
                               sizing_mode="stretch_width")  # fmt: skip
         self._describe()
 
-    @property
+    @cached_property
     def stats(self) -> pn.widgets.Tabulator:
         """The statistics table (built on first use)."""
-        if self._stats is None:
-            self._stats = table(pd.DataFrame(columns=["statistic", "value"]),
-                                css_classes=["ckptview-stats"],
-                                sizing_mode="stretch_width")  # fmt: skip
-        return self._stats
+        return table(pd.DataFrame(columns=["statistic", "value"]),
+                     css_classes=["ckptview-stats"], sizing_mode="stretch_width")  # fmt: skip
 
-    @property
+    @cached_property
     def plot(self) -> pn.pane.HoloViews:
         """The histogram (built on first use)."""
-        if self._plot is None:
-            self._plot = pn.pane.HoloViews(plots.empty("histogram: press the button"),
-                                           sizing_mode="stretch_width", backend="bokeh",
-                                           css_classes=["ckptview-histogram"])  # fmt: skip
-        return self._plot
+        return pn.pane.HoloViews(plots.empty("histogram: press the button"),
+                                 sizing_mode="stretch_width", backend="bokeh",
+                                 css_classes=["ckptview-histogram"])  # fmt: skip
 
     @param.depends("catalog", "serial", "node", "variable", watch=True)
     def _describe(self) -> None:
-        if self._stats is not None:
-            self._stats.value = pd.DataFrame(columns=["statistic", "value"])
-        if self._plot is not None:
-            self._plot.object = plots.empty("histogram: press the button")
+        if "stats" in self.__dict__:  # built (``cached_property``)
+            self.stats.value = pd.DataFrame(columns=["statistic", "value"])
+        if "plot" in self.__dict__:
+            self.plot.object = plots.empty("histogram: press the button")
         if not self.variable or self.serial is None:
             self.button.disabled = True
             return

@@ -42,6 +42,7 @@ from bokeh.server.views.auth_request_handler import AuthRequestHandler
 from panel.command.serve import Serve
 from panel.io.server import ComponentResourceHandler
 from tornado import httputil
+from tornado.process import task_id
 from tornado.routing import Matcher, Rule, RuleRouter
 from tornado.web import Application, GZipContentEncoding, OutputTransform, RequestHandler
 from tornado.websocket import WebSocketHandler
@@ -109,10 +110,13 @@ class RobotoRanges(OutputTransform):
     stylesheet declares the same files with theirs), so a browser took each for the whole
     font and fetched all of them: 16 font files per fresh page where two (Latin, 400 and 700)
     draw it, 14 requests for the server to answer per visitor. Served without them, the
-    main stylesheet's faces (with their ranges) stand; the icon fonts are kept."""
+    main stylesheet's faces (with their ranges) stand; the icon fonts are kept. Each content
+    of the file is edited once per server process (:attr:`edited`), not on every request."""
 
     PATH = "/static/extensions/panel-material-ui/material-icons.css"
     FACE = re.compile(rb"@font-face\s*\{[^}]*font-family:\s*\"?Roboto\"?\s*;[^}]*\}\s*")
+    #: the file as served -> as sent (one entry per version of the file: a handful at most)
+    edited: dict[bytes, bytes] = {}
 
     def __init__(self, request: httputil.HTTPServerRequest) -> None:
         self._css = request.method == "GET" and request.path.endswith(self.PATH)
@@ -121,7 +125,12 @@ class RobotoRanges(OutputTransform):
                               chunk: bytes, finishing: bool):  # fmt: skip
         whole = finishing or headers.get("Content-Length") == str(len(chunk))
         if self._css and status_code == 200 and chunk and whole:  # the file is 4.6 kB
-            chunk = self.FACE.sub(b"", chunk)
+            edited = self.edited.get(chunk)
+            if edited is None:
+                edited = self.FACE.sub(b"", chunk)
+                if len(self.edited) < 8:
+                    self.edited[chunk] = edited
+            chunk = edited
             if "Content-Length" in headers:
                 headers["Content-Length"] = str(len(chunk))
         return status_code, headers, chunk
@@ -299,13 +308,6 @@ def refuse_module_imports(app: Application) -> None:
             rule.target.parse_url_path, _panel_fixes.LOADED_ONLY, False
         ):
             raise RuntimeError(f"{rule.target} may import modules named by a URL")
-
-
-def task_id() -> int | None:
-    """This process's number among ``--num-procs`` forked ones (None: not forked)."""
-    from tornado.process import task_id as tornado_task_id
-
-    return tornado_task_id()
 
 
 def follow_parent(server, period_ms: int = 2000) -> None:
