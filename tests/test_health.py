@@ -390,6 +390,51 @@ def test_live_run_reads_only_the_new_serial(tmp_path):
     pd.testing.assert_frame_equal(h2[h2["serial"] < 400].reset_index(drop=True), h1)
 
 
+@pytest.mark.parametrize("live", [True, False], ids=["live", "reopened"])
+def test_a_cached_predecessor_is_not_summed_again(tmp_path, monkeypatch, live):
+    """A new serial's update_rel takes its predecessor's Σx² from the cached statistics when
+    they cover every value (no NaN/inf): the predecessor's values are read (or kept) for the
+    difference only, not measured again. update_rel equals numpy's over pieces and rows, and
+    the full computation's (from an empty cache) when the new side holds a NaN or the
+    predecessor an infinity (its Σx² then not taken from the cache)."""
+    n = 2 * sums.PIECE + 3 * sums.ROW + 17
+    rng = np.random.default_rng(3)
+    root = tmp_path / "run"
+    root.mkdir()
+    old = {k: rng.normal(size=n).astype(np.float32) for k in ("clean", "nan", "inf")}
+    old["inf"][sums.PIECE + 9] = np.inf
+    write_serial(root, 1, old)
+    cat = cv.open(root, cache=HeaderCache(tmp_path / "cache"))
+    cat.health()
+    new = {k: v + np.float32(0.003) * rng.normal(size=n).astype(np.float32) for k, v in old.items()}
+    new["nan"][sums.PIECE + 3 * sums.ROW + 1] = np.nan  # a row of a later piece
+    new["inf"][sums.PIECE + 9] = np.inf
+    write_serial(root, 2, new)
+    measured: list[int] = []  # entries whose statistics are formed
+    real = measure.NormAccumulator.__init__
+
+    def spy(self):
+        measured.append(1)
+        real(self)
+
+    monkeypatch.setattr(measure.NormAccumulator, "__init__", spy)
+    if live:
+        cat.refresh()
+    else:
+        KEPT.clear()
+        cat = cv.open(root, cache=HeaderCache(tmp_path / "cache"))
+    h = cat.health().set_index(["serial", "name"])
+    # serial 2 of each variable, and serial 1 of "inf" only (its cached l2 leaves the inf out)
+    assert len(measured) == 4
+    assert h.loc[(2, "clean"), "update_rel"] == pytest.approx(_update(old["clean"], new["clean"]),
+                                                              rel=1e-9)  # fmt: skip
+    assert math.isnan(h.loc[(2, "nan"), "update_rel"])  # a one-sided NaN: unknown change
+    full = cv.open(root, cache=False).health().set_index(["serial", "name"])
+    for name in old:
+        assert h.loc[(2, name), "update_rel"] == pytest.approx(
+            full.loc[(2, name), "update_rel"], rel=1e-12, nan_ok=True)  # fmt: skip
+
+
 def test_kept_values_recut_to_other_chunks(tmp_path):
     """Values kept in one call's pieces serve a call that streams other chunk sizes."""
     root = tmp_path / "run"

@@ -57,21 +57,26 @@ class NormAccumulator:
             part = x[start : start + full]
             b = buf if part.size == full else buf[: part.size]
             np.copyto(b, part, casting="unsafe")
-            ss = sum_squares(b)
-            if math.isfinite(ss):
-                self.sumsq += ss
-                self.n_finite += b.size
-                self.max_abs = max(self.max_abs, float(b.max()), -float(b.min()))
-                continue
-            finite = np.isfinite(b)
-            nan = int(np.count_nonzero(np.isnan(b)))
-            self.n_nan += nan
-            self.n_inf += b.size - int(np.count_nonzero(finite)) - nan
-            f = b[finite]
-            if f.size:
-                self.sumsq += sum_squares(f)
-                self.n_finite += f.size
-                self.max_abs = max(self.max_abs, float(np.abs(f).max()))
+            self.add_widened(b, sum_squares(b), part)
+
+    def add_widened(self, b: np.ndarray, ss: float, raw: np.ndarray | None = None) -> None:
+        """One piece already widened to float64 (``b``) with its Σx² (``ss``); ``raw``, the
+        values it was widened from, gives max|x| at their own width."""
+        if math.isfinite(ss):
+            self.sumsq += ss
+            self.n_finite += b.size
+            src = raw if raw is not None and raw.dtype.kind == "f" else b
+            self.max_abs = max(self.max_abs, float(src.max()), -float(src.min()))
+            return
+        finite = np.isfinite(b)
+        nan = int(np.count_nonzero(np.isnan(b)))
+        self.n_nan += nan
+        self.n_inf += b.size - int(np.count_nonzero(finite)) - nan
+        f = b[finite]
+        if f.size:
+            self.sumsq += sum_squares(f)
+            self.n_finite += f.size
+            self.max_abs = max(self.max_abs, float(np.abs(f).max()))
 
     def result(self) -> dict:
         empty = self.n_finite == 0
@@ -123,7 +128,8 @@ def _blocks(chunks: Iterable[np.ndarray], n: int) -> Iterator[np.ndarray]:
 class Want:
     """One serial of a variable in a :func:`measure_variable` job: what is asked of it.
     ``update``: ``update_rel`` against the previous entry of the job (same shape); an entry
-    asking nothing is read as the next one's predecessor (its statistics come along)."""
+    asking nothing is read as the next one's predecessor (its statistics come along, unless
+    ``sumsq``, its Σx² from the cache when it holds no NaN/inf, says they are known)."""
 
     serial: int
     shape: tuple
@@ -131,6 +137,7 @@ class Want:
     stats: bool = False
     update: bool = False
     spectral: bool = False
+    sumsq: float | None = None
 
 
 def _error(e: BaseException) -> str:
@@ -194,34 +201,20 @@ class _Lane:
         return self.held if ok and self.filled == self.collect else None
 
 
-def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
-            pairs: list[DiffAccumulator | None], bufs: np.ndarray) -> None:  # fmt: skip
-    """One block index of a group: each lane's block widened to float64 once, in pieces of
-    :data:`PIECE` values, for both its Σx² and the diff against the lane before
-    (``pairs[j]``: lane j - 1 against lane j), summed by rows (:func:`row_squares`). max|x|
-    comes from the raw block; a block holding NaN/inf takes :class:`NormAccumulator`'s masked
-    path, a row whose difference is NaN :class:`DiffAccumulator`'s general one."""
+def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane], pairs: list[DiffAccumulator | None],
+            bufs: np.ndarray, known: list[float | None], dropped: list[float]) -> None:  # fmt: skip
+    """One block index of a group, in pieces of :data:`PIECE` values: each lane's piece is
+    widened to float64 once and serves its Σx² (:func:`row_squares`, the piece's finiteness
+    test too: a piece holding NaN/inf takes :class:`NormAccumulator`'s masked path) and the
+    difference against the lane before (``pairs[j]``: lane j - 1 against lane j). ``known[j]``:
+    Σx² of lane j - 1 when it is known already (its statistics are cached and it holds no
+    NaN/inf): its rows are then summed only where a difference is NaN, into ``dropped[j]``
+    (those rows take :class:`DiffAccumulator`'s general path)."""
     k = len(xs)
-    fast = [False] * k
-    for j, (x, lane) in enumerate(zip(xs, lanes)):
-        norm = lane.norm
-        if x is None or norm is None or not x.size:
-            continue
-        if x.dtype.kind == "f" and x.dtype.isnative:
-            hi, lo = float(x.max()), float(x.min())
-            if math.isfinite(hi) and math.isfinite(lo):
-                fast[j] = True
-                norm.n_finite += x.size
-                norm.max_abs = max(norm.max_abs, hi, -lo)
-                continue
-        norm.add(x)
-    # widened: a lane whose Σx² is wanted (fast statistics; the old side of a diff), or the
-    # new side of a diff
-    wide = [x is not None and (fast[j] or pairs[j] is not None
-                               or (j + 1 < k and pairs[j + 1] is not None))
+    need = [x is not None and x.size > 0
+            and (lanes[j].norm is not None or pairs[j] is not None
+                 or (j + 1 < k and pairs[j + 1] is not None))
             for j, x in enumerate(xs)]  # fmt: skip
-    sums, d2, a2 = [0.0] * k, [0.0] * k, [0.0] * k
-    counts = [0] * k
     size = max((x.size for x in xs if x is not None), default=0)
     copy, sub, f64 = np.copyto, np.subtract, np.dtype(np.float64)
     step = bufs.shape[1]
@@ -231,8 +224,8 @@ def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
             prev_rows: np.ndarray | None = None
             for j in range(k):
                 x = xs[j]
-                if x is None or not wide[j]:
-                    prev = None
+                if x is None or not need[j]:
+                    prev = prev_rows = None
                     continue
                 part = x[start : start + step]
                 if part.dtype == f64:
@@ -240,19 +233,24 @@ def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
                 else:
                     cur = bufs[j & 1] if part.size == step else bufs[j & 1, : part.size]
                     copy(cur, part, casting="unsafe")
-                rows = row_squares(cur)
-                sums[j] += float(rows.sum())
+                norm = lanes[j].norm
+                later = j + 1 < k and pairs[j + 1] is not None and known[j + 1] is None
+                rows = row_squares(cur) if norm is not None or later else None
+                if norm is not None:
+                    assert rows is not None
+                    norm.add_widened(cur, float(rows.sum()), part)
                 acc = pairs[j]
                 if acc is not None and prev is not None and prev.size == cur.size:
                     d = bufs[2] if cur.size == step else bufs[2, : cur.size]
                     sub(cur, prev, out=d)
                     dd = row_squares(d)
                     total = float(dd.sum())
-                    assert prev_rows is not None
                     if total == total:
-                        d2[j] += total
-                        a2[j] += float(prev_rows.sum())
-                        counts[j] += cur.size
+                        acc.d2 += total
+                        acc.n += cur.size
+                        if known[j] is None:
+                            assert prev_rows is not None
+                            acc.a2 += float(prev_rows.sum())
                     else:  # NaN in a row's difference: equal NaNs / infinities are no change
                         old = xs[j - 1]
                         assert old is not None
@@ -263,19 +261,14 @@ def _reduce(xs: list[np.ndarray | None], lanes: list[_Lane],
                         good = ~bad
                         lengths = np.full(dd.size, ROW)
                         lengths[-1] = cur.size - ROW * (dd.size - 1)
-                        d2[j] += float(dd[good].sum())
-                        a2[j] += float(prev_rows[good].sum())
-                        counts[j] += int(lengths[good].sum())
+                        acc.d2 += float(dd[good].sum())
+                        acc.n += int(lengths[good].sum())
+                        before = prev_rows if prev_rows is not None else row_squares(prev)
+                        if known[j] is None:
+                            acc.a2 += float(before[good].sum())
+                        else:
+                            dropped[j] += float(before[bad].sum())
                 prev, prev_rows = cur, rows
-    for j in range(k):
-        norm = lanes[j].norm
-        if fast[j] and norm is not None:
-            norm.sumsq += sums[j]
-        acc = pairs[j]
-        if acc is not None:
-            acc.d2 += d2[j]
-            acc.a2 += a2[j]
-            acc.n += counts[j]
 
 
 def measure_variable(scan: Scan, node: str, name: str, wants: list[Want],
@@ -363,6 +356,9 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
     n = max(1, chunk // width)
     lanes: list[_Lane] = []
     pairs: list[DiffAccumulator | None] = []
+    known: list[float | None] = []  # Σx² of the lane before, when known (see _reduce)
+    dropped = [0.0] * len(streamed)
+    before_sumsq: float | None = None
     heads: list[_ReadAhead] = []
     try:
         for pos, i in enumerate(streamed):
@@ -389,8 +385,13 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                     and KEPT.fits(numel * _itemsize(w.dtype))):  # fmt: skip
                 collect = numel
                 KEPT.release(keep[1])  # its older values are not held beside the new
-            lanes.append(_Lane(blocks, stats=own and error is None, error=error, collect=collect))
+            sumsq = _sumsq(w, outs[i], carried=not own)
+            stats = own and error is None and (w.stats or w.update or w.spectral or sumsq is None)
+            lanes.append(_Lane(blocks, stats=stats, error=error, collect=collect))
             pairs.append(DiffAccumulator() if pos > 0 and w.update else None)
+            before = lanes[pos - 1] if pos else None
+            known.append(before_sumsq if before is not None and before.norm is None else None)
+            before_sumsq = sumsq
         with scratch(min(PIECE, n, max(1, math.prod(wants[streamed[0]].shape)))) as bufs:
             while True:
                 xs = [lane.next() for lane in lanes]
@@ -406,7 +407,7 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                     if bad is not None:
                         outs[streamed[j]]["update_error"] = bad
                         pairs[j] = None
-                _reduce(xs, lanes, pairs, bufs)
+                _reduce(xs, lanes, pairs, bufs, known, dropped)
                 del xs  # this block index is not held while the next one is read
     except Exception as e:  # noqa: BLE001 - an unexpected failure: every row of the group
         for pos, lane in enumerate(lanes):
@@ -429,9 +430,24 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
             else:
                 out.update(lane.norm.result())
         if acc is not None:
+            if known[pos] is not None:
+                acc.a2 += known[pos] - dropped[pos]
             out["update_rel"] = acc.result()["rel_l2"]
         elif pos > 0 and wants[i].update and "update_error" not in out:
             out["update_error"] = lanes[pos - 1].error or lane.error or "ValueError: unpaired"
+
+
+def _sumsq(want: Want, out: dict, carried: bool) -> float | None:
+    """Σx² of an entry when it is known before its values stream by, and they hold no NaN/inf
+    (then Σx² over every value): from the cache (``want.sumsq``) or, for a group's carried
+    first entry, from the group before."""
+    if want.sumsq is not None:
+        return want.sumsq
+    if carried and out.get("error") is None and "l2" in out:
+        l2, bad = out["l2"], out.get("n_nan", 1) + out.get("n_inf", 1)
+        if bad == 0 and math.isfinite(l2):
+            return l2 * l2
+    return None
 
 
 def _itemsize(dtype: str) -> int:

@@ -196,14 +196,13 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
             if values is not None:
                 held.setdefault((node, name), {})[int(p)] = values
         if need_update and int(p) not in plan:  # read as the predecessor only
-            p_key = None
-            if (node, name, int(p)) not in in_rows:  # outside ``serials``: keep its stats too
-                whole = p_whole == 1 and p_quant is None
-                p_key = _key("stats", node, name, int(p),
-                             files.key(int(p), node, name, p_file, whole))  # fmt: skip
-                if cache.get(p_key) is not None:
-                    p_key = None
-            plan[int(p)] = (Want(int(p), shape, str(p_dtype)), None, [p_key, None, None])
+            whole = p_whole == 1 and p_quant is None
+            p_key = _key("stats", node, name, int(p), files.key(int(p), node, name, p_file, whole))
+            p_stats = cache.get(p_key)
+            if p_stats is not None or (node, name, int(p)) in in_rows:
+                p_key = None  # cached, or measured as a row of its own: not kept again here
+            want = Want(int(p), shape, str(p_dtype), sumsq=_sumsq(p_stats))
+            plan[int(p)] = (want, None, [p_key, None, None])
         want = Want(serial, shape, dtype, need_stats, need_update, need_spec)
         plan[serial] = (want, len(rows) - 1, [k_stats if need_stats else None,
                                               k_update if need_update else None,
@@ -248,6 +247,14 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
     cols = HEALTH_COLUMNS[:-2] + (SPECTRAL if spectral else []) + ["note", "error"]
     rows.sort(key=lambda r: (r["serial"], r["node"], r["name"]))  # stable
     return _table(rows, cols)
+
+
+def _sumsq(stats: dict | None) -> float | None:
+    """Σx² of cached statistics when they cover every value (no NaN/inf), else None."""
+    if not stats or stats.get("n_nan", 1) or stats.get("n_inf", 1):
+        return None
+    l2 = stats.get("l2", math.nan)
+    return float(l2) * float(l2) if math.isfinite(l2) else None
 
 
 def _table(rows: list[dict], cols: list[str]) -> pd.DataFrame:
