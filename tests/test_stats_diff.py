@@ -146,6 +146,82 @@ def test_stats_nan_inf_complex_bool_int(tmp_path):
     assert (st.loc["f", "n_nan"], st.loc["f", "n_inf"]) == (1, 2)
 
 
+#: stats against numpy: min, max, counts and frac_zero exactly; mean, l2 and std (float64
+#: sums by rows, M2 from Σx² - (Σx)²/k unless that cancels) to this relative tolerance
+STATS_RTOL = 1e-9
+
+
+def _multi_piece_arrays() -> dict[str, np.ndarray]:
+    """Tensors of several float64 pieces (:data:`~ckptview.engine.sums.PIECE` values), with
+    NaN/inf rows, single NaN/inf values, zeros, and means far from zero."""
+    from ckptview.engine.sums import PIECE, ROW
+
+    rng = np.random.default_rng(11)
+    n = 3 * PIECE + 5 * ROW + 77  # three full pieces, a part piece with a short last row
+    w = rng.standard_normal(n).astype(np.float32)
+    w[ROW : 2 * ROW] = np.nan  # a whole row of NaN
+    w[PIECE + 3 * ROW : PIECE + 4 * ROW] = np.inf  # a whole row of +inf
+    w[2 * PIECE + 5 :: 99_991] = -np.inf
+    w[PIECE + 17 :: 123_457] = np.nan
+    w[-40:] = 0.0
+    w[3 * PIECE : 3 * PIECE + ROW] = 0.0  # a piece starting with a zero row
+    offset = 1e4 + 1e-3 * rng.standard_normal((PIECE + 3, 3))  # |mean| >> std: centred
+    offset[5, 1] = np.nan
+    return {
+        "w": w.reshape(3, -1),
+        "offset": offset,
+        "shifted32": (100 + rng.standard_normal(2 * PIECE + 1)).astype(np.float32),
+        "half": rng.standard_normal(PIECE + ROW + 3).astype(np.float16),
+        "ints": rng.integers(-3, 4, (2 * PIECE + 9,)).astype(np.int32),
+        "flags": rng.random(PIECE + 1) < 0.25,
+        "const": np.full(2 * PIECE + 13, -2.5, np.float32),
+        "rows_of_nan": np.full(PIECE + ROW, np.nan, np.float32),
+    }
+
+
+def _assert_stats_equal_numpy(got, arr: np.ndarray, what: str) -> None:
+    x = arr.astype(np.float64).reshape(-1)
+    fin = x[np.isfinite(x)]
+    exact = {"n_nan": int(np.isnan(x).sum()), "n_inf": int(np.isinf(x).sum()),
+             "frac_zero": float((x == 0).mean())}  # fmt: skip
+    for key, want in exact.items():
+        assert got[key] == want, (what, key)
+    if not fin.size:
+        assert all(math.isnan(got[k]) for k in ("min", "max", "mean", "std", "l2")), what
+        return
+    assert (got["min"], got["max"]) == (fin.min(), fin.max()), what
+    close = {"mean": fin.mean(), "std": fin.std(), "l2": np.sqrt(np.dot(fin, fin))}
+    for key, want in close.items():
+        assert got[key] == pytest.approx(want, rel=STATS_RTOL, abs=1e-300), (what, key)
+
+
+@pytest.mark.parametrize("chunk_bytes", [4 << 20, 1_000_003, 65_536 + 12, 4096])
+def test_stats_of_multi_piece_tensors_equal_numpy(tmp_path, chunk_bytes):
+    """Read in chunks cut anywhere (across pieces and rows, odd sizes), from a tree."""
+    arrays = _multi_piece_arrays()
+    write_fluid_tree(tmp_path / "t", {0: arrays})
+    st = cv.open(tmp_path / "t").stats(0, chunk_bytes=chunk_bytes).set_index("name")
+    assert st["error"].isna().all()
+    for name, arr in arrays.items():
+        _assert_stats_equal_numpy(st.loc[name], arr, f"{name} @ {chunk_bytes}")
+
+
+def test_stats_accumulator_on_chunks_cut_anywhere():
+    """The accumulator on chunks of uneven lengths (a few values, more than a piece, one
+    value), float64 chunks used in place and left unchanged."""
+    from ckptview.engine.stats import chunk_stats
+
+    rng = np.random.default_rng(5)
+    for name, arr in _multi_piece_arrays().items():
+        flat = arr.reshape(-1)
+        cuts = np.sort(rng.choice(np.arange(1, flat.size), size=6, replace=False))
+        cuts = np.unique(np.concatenate([cuts, cuts[:2] + 1]))  # one-value chunks too
+        before = flat.copy()
+        got = chunk_stats(np.split(flat, cuts))
+        _assert_stats_equal_numpy(got, arr, name)
+        assert np.array_equal(flat, before, equal_nan=True), name
+
+
 def test_stats_names_filter_and_bad_input():
     cat = cv.open(corpus_path(FLUID))
     st = cat.stats(1, names=["fc_0.w_0", "fc_1.b_0"])

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..dtypes import is_numeric
 from ..scan.core import Scan
+from .sums import PIECE, scratch, sum_squares
 
 STAT_COLUMNS = ["min", "max", "mean", "std", "l2", "n_nan", "n_inf", "frac_zero"]
 STATS_TABLE = ["serial", "node", "name", "dtype", "shape", "numel", *STAT_COLUMNS, "error"]
@@ -34,9 +35,28 @@ def as_float64(chunk: np.ndarray) -> np.ndarray:
     return chunk.astype(np.float64)
 
 
+#: a piece's Σ(x - mean)² is taken as Σx² - (Σx)²/k when that keeps at least this share of
+#: Σx² (|mean| up to ~8 standard deviations: under 2 of float64's ~16 digits cancel, ~1e-12
+#: relative); else from the values centred, as numpy's two passes do (constant tensors,
+#: offsets like 1e4 ± 1e-3)
+CANCEL = 1 / 64
+_F64 = np.dtype(np.float64)
+
+
 @dataclass
 class Accumulator:
-    """Streaming statistics (Chan et al. merge of count/mean/M2 per chunk)."""
+    """Streaming statistics over float64 pieces (Chan et al. merge of count/mean/M2 per piece).
+
+    Each chunk is widened to float64 in pieces of :data:`~.sums.PIECE` values into a shared
+    scratch row (:func:`~.sums.scratch`; float64 chunks are used as they are): Σx² by rows
+    (:func:`~.sums.sum_squares`, which is also the finiteness test: a piece holding NaN/inf
+    takes the masked path), Σx, and min/max and the zero count on the values at their own
+    width. A piece's M2 comes from Σx² and Σx unless that would cancel (see :data:`CANCEL`):
+    six passes over a cache-sized piece (2 MiB of float64, no fresh memory) instead of nine
+    over a fresh float64 copy of the chunk, and no BLAS dot long enough to wake OpenBLAS's
+    threads (16 M float32 values in 4 MiB chunks: 20-22 -> 12.8-13.3 ms in-process; 160-260
+    ms before on two busy cores, where each chunk's dots woke OpenBLAS's pool).
+    """
 
     n: int = 0
     n_finite: int = 0
@@ -50,25 +70,53 @@ class Accumulator:
     n_zero: int = 0
 
     def add(self, chunk: np.ndarray) -> None:
-        x = as_float64(np.asarray(chunk).reshape(-1))
-        self.n += x.size
-        self.n_zero += int(np.count_nonzero(x == 0))
-        finite_mask = np.isfinite(x)
-        k = int(np.count_nonzero(finite_mask))
-        if k < x.size:
-            nan = int(np.count_nonzero(np.isnan(x)))
-            self.n_nan += nan
-            self.n_inf += x.size - k - nan
-            x = x[finite_mask]
-        del finite_mask
-        if k == 0:
+        x = np.asarray(chunk).reshape(-1)
+        if x.dtype.kind in "cOSU":
+            x = as_float64(x)  # complex by magnitude; strings raise
+        if x.size == 0:
             return
-        cmean = float(x.mean())
-        self.sumsq += float(np.dot(x, x))
-        self.lo = min(self.lo, float(x.min()))
-        self.hi = max(self.hi, float(x.max()))
-        x -= cmean
-        cm2 = float(np.dot(x, x))
+        self.n += x.size
+        quiet = np.errstate(over="ignore", invalid="ignore")  # Σx² of huge values: inf
+        with quiet, scratch(min(PIECE, x.size), rows=1) as bufs:
+            for start in range(0, x.size, PIECE):
+                self._add_piece(x[start : start + PIECE], bufs[0])
+
+    def _add_piece(self, part: np.ndarray, buf: np.ndarray) -> None:
+        k = part.size
+        if part.dtype == _F64:
+            a = part
+        else:
+            a = buf[:k]
+            np.copyto(a, part, casting="unsafe")
+        raw = part if part.dtype.kind in "fiub" else a  # its own width: cheaper to scan
+        self.n_zero += int(np.count_nonzero(raw == 0))
+        ss = sum_squares(a)
+        if ss - ss == 0:  # every value finite (a NaN or ±inf makes Σx² NaN or inf)
+            lo, hi = float(np.minimum.reduce(raw)), float(np.maximum.reduce(raw))
+            self._merge(a, ss, lo, hi, buf[:k])
+            return
+        finite = np.isfinite(a)
+        n_finite = int(np.count_nonzero(finite))
+        nan = int(np.count_nonzero(np.isnan(a)))
+        self.n_nan += nan
+        self.n_inf += k - n_finite - nan
+        if n_finite:
+            f = a[finite]  # a copy: centred in place if need be
+            self._merge(f, sum_squares(f), float(f.min()), float(f.max()), f)
+
+    def _merge(self, a: np.ndarray, ss: float, lo: float, hi: float, work: np.ndarray) -> None:
+        """One piece of finite values ``a`` (its Σx² ``ss``) into the totals; ``work``: room
+        for ``a`` centred (``a`` itself, or a scratch row)."""
+        k = a.size
+        s = float(np.add.reduce(a))
+        cmean = s / k
+        cm2 = ss - s * cmean
+        if not (cm2 >= CANCEL * ss and ss < math.inf):  # cancels (or overflowed): centre
+            np.subtract(a, cmean, out=work)
+            cm2 = sum_squares(work)
+        self.sumsq += ss
+        self.lo = min(self.lo, lo)
+        self.hi = max(self.hi, hi)
         total = self.n_finite + k
         delta = cmean - self.mean
         self.mean += delta * k / total
