@@ -13,6 +13,7 @@ import shutil
 
 import numpy as np
 import pandas as pd
+import panel as pn
 import pytest
 from conftest import corpus_copy, corpus_path
 
@@ -34,7 +35,7 @@ from ckptview.widgets import (
     Workspace,
     build_app,
 )
-from ckptview.widgets._base import table
+from ckptview.widgets._base import size_formatter, table
 from ckptview.widgets._format import (
     badge,
     filter_choices,
@@ -367,6 +368,57 @@ def test_live_run_new_serial_is_added_in_place(cat, demo):
     assert f"{SERIALS + 1} serials" in table.summary.object
     assert f"resume point: **{SERIALS}**" in table.summary.object
     assert table.frame.set_index("serial").loc[SERIALS, "status"] == "latest"
+
+
+def test_live_notice_is_built_with_the_first_news_under_the_summary(cat, demo):
+    """A page's live notice is built only once there is news (most pages never get any), then
+    joins the serials' Column under the summary; the parts below the serials share that
+    Column (no Column of their own per page)."""
+    browser = RunBrowser(cat, poll_seconds=0)
+    table = browser.serials
+    column = browser.__panel__()
+    assert column is table.view() and column.objects[0] is table.summary
+    assert table.table in column.objects and len(column.objects) == 5  # + chooser, timeline, below
+    assert browser.poll() == [] and "live" not in table.__dict__  # no news: not built
+    add_serial(demo.root, 4, SERIALS)
+    assert browser.poll() == [SERIALS]
+    assert column.objects[1] is table.live and table.live.visible
+    assert f"new serial {SERIALS}" in table.live.object and len(column.objects) == 6
+
+
+def test_lean_tables_build_only_the_cell_models_they_send(monkeypatch):
+    """One editor per table and one formatter per kind of column: no editor or formatter is
+    built to be dropped (Panel's own definitions build both for every column)."""
+    from bokeh.models.widgets.tables import CellEditor, CellFormatter
+
+    frame = pd.DataFrame({"a": [1, 2], "b": [1.5, 2.5], "c": ["x", "y"], "d": [3, 4],
+                          "e": [True, False], "f": pd.to_datetime(["2024-01-01", "2024-01-02"])})  # fmt: skip
+    built = []
+    for base in (CellEditor, CellFormatter):
+        init = base.__init__
+
+        def counted(self, *args, _init=init, **kwargs):
+            built.append(self)
+            _init(self, *args, **kwargs)
+
+        monkeypatch.setattr(base, "__init__", counted)
+    tab = table(frame, formatters={"c": {"type": "textarea"}, "d": size_formatter()},
+                text_align={"b": "center"})  # fmt: skip
+    built.clear()
+    columns = tab._get_columns()
+    sent = {id(c.editor) for c in columns} | {id(c.formatter) for c in columns}
+    assert len(sent) == 1 + 6  # one editor; a: int, b: float centred, c: text, d, e, f
+    # and Bokeh's own: a TableColumn given an editor and a formatter builds its default ones
+    # first (to compare the new values with), two a column
+    assert len(built) == len(sent) + 2 * len(columns)
+    plain = pn.widgets.Tabulator(frame, formatters={"c": {"type": "textarea"}, "d": size_formatter()},
+                                 text_align={"b": "center"}, disabled=True, show_index=False)  # fmt: skip
+    for lean, panel_own in zip(columns, plain._get_columns(), strict=True):
+        assert (lean.field, lean.title, lean.width) == (panel_own.field, panel_own.title,
+                                                        panel_own.width)  # fmt: skip
+        assert type(lean.formatter) is type(panel_own.formatter)
+        assert (lean.formatter.properties_with_values(include_defaults=False)
+                == panel_own.formatter.properties_with_values(include_defaults=False))  # fmt: skip
 
 
 def test_live_run_polls_on_its_own_period(cat, demo):

@@ -146,12 +146,50 @@ class LeanTabulator(pn.widgets.Tabulator):
     Panel gives every column its own editor and formatter (three Bokeh models a column: half a
     page's models for a wide table, each one built, serialised and walked again on every
     document change). Read-only, every column can use one plain editor, and columns whose
-    formatters are alike one formatter."""
+    formatters are alike one formatter; and only those are built (Panel's own column
+    definitions build an editor and a formatter per column, most of them then dropped)."""
 
     def _get_column_definitions(self, col_names, df):
+        from bokeh.models.widgets.tables import CellEditor, CellFormatter, TableColumn
+
+        if (self.hierarchical or self.editors or len(self.indexes) > 1
+                or any(isinstance(c, tuple) for c in col_names)):  # fmt: skip
+            return self._share(super()._get_column_definitions(col_names, df))
+        editor = CellEditor()
+        formatters: dict = {}
+        columns = []
+        for col in col_names:
+            data = df[col] if col in df.columns else df.index
+            if isinstance(data, pd.DataFrame):
+                raise ValueError("DataFrame contains duplicate column names.")
+            given = self.formatters.get(col)
+            if isinstance(given, CellFormatter):
+                kind, options = given, {}
+            else:  # none, or Tabulator's own (a dict or a name): Panel's default model
+                kind, options = _default_formatter(data)
+            if isinstance(self.text_align, str):
+                options["text_align"] = self.text_align
+            elif col in self.text_align:
+                options["text_align"] = self.text_align[col]
+            elif col in self.indexes:
+                options["text_align"] = "left"
+            alike = (type(kind), repr(sorted(kind.properties_with_values(include_defaults=False)
+                                             .items()))) if isinstance(given, CellFormatter) else kind  # fmt: skip
+            key = (alike, repr(sorted(options.items())))
+            formatter = formatters.get(key)
+            if formatter is None:
+                formatter = formatters[key] = _make_formatter(kind, options)
+            width = self.widths if isinstance(self.widths, int) else self.widths.get(str(col))
+            columns.append(TableColumn(field=str(col), title=self.titles.get(col, str(col)),
+                                       editor=editor, formatter=formatter,
+                                       width=width if isinstance(width, int) else 0))  # fmt: skip
+        return columns
+
+    @staticmethod
+    def _share(columns: list) -> list:
+        """``columns`` (Panel's definitions) sharing one editor and their alike formatters."""
         from bokeh.models.widgets.tables import CellEditor
 
-        columns = super()._get_column_definitions(col_names, df)
         editor = CellEditor()
         formatters: dict = {}
         for column in columns:
@@ -160,6 +198,39 @@ class LeanTabulator(pn.widgets.Tabulator):
             key = (type(f), repr(sorted(f.properties_with_values(include_defaults=False).items())))
             column.formatter = formatters.setdefault(key, f)
         return columns
+
+
+def _default_formatter(data) -> tuple[type, dict]:
+    """Panel's default Bokeh formatter for a column of ``data``: its class and options."""
+    import datetime as dt
+
+    from bokeh.models.widgets.tables import DateFormatter, NumberFormatter, StringFormatter
+    from panel.util import isdatetime
+
+    kind = data.dtype.kind
+    if kind == "i":
+        return NumberFormatter, {"text_align": "right"}
+    if kind == "b":
+        return StringFormatter, {"text_align": "center"}
+    if kind == "f":
+        return NumberFormatter, {"format": "0,0.0[00000]", "text_align": "right"}
+    if isdatetime(data) or kind == "M":
+        dated = len(data) and isinstance(data.values[0], dt.date)
+        return DateFormatter, {"format": "%Y-%m-%d" if dated else "%Y-%m-%d %H:%M:%S",
+                               "text_align": "right"}  # fmt: skip
+    return StringFormatter, {"null_format": ""}
+
+
+def _make_formatter(kind, options: dict):
+    """A formatter of class ``kind`` with ``options``, or a copy of the model ``kind``."""
+    from panel.util import clone_model
+
+    if isinstance(kind, type):
+        return kind(**options)
+    formatter = clone_model(kind)
+    if "text_align" in options and hasattr(formatter, "text_align"):
+        formatter.text_align = options["text_align"]
+    return formatter
 
 
 def table(value: pd.DataFrame, **kwargs) -> pn.widgets.Tabulator:

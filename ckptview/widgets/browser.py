@@ -93,10 +93,12 @@ class RunBrowser(pn.viewable.Viewer):
         # served, the first screen holds the serials; the serial's variables are built once
         # the visitor scrolls to them (or clicks a serial): a page that is only glanced at
         # never builds them
-        top = pn.panel(self.serials)  # first: its timeline's placeholder is the one seen
         below = pn.Column(sizing_mode="stretch_width")
+        # the serials first: their timeline's placeholder is the one seen; in their Column
+        # (one Column less per page)
+        column = self.serials.view(below)
         draw_when_seen(below, lambda: pn.Column(self.verify, rule(), self.variables,
                                                 rule(), self.detail,
                                                 sizing_mode="stretch_width"),
                        text="Loading the variables…", marker=False)  # fmt: skip
-        return pn.Column(top, below, sizing_mode="stretch_width")
+        return column

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import pandas as pd
 import panel as pn
 import param
@@ -10,7 +12,6 @@ import ckptview as cv
 
 from . import figures
 from ._base import (
-    built_once,
     draw_when_seen,
     in_background,
     notice,
@@ -75,13 +76,13 @@ class SerialsTable(pn.viewable.Viewer):
 
     def __init__(self, catalog: cv.Catalog, **params):
         super().__init__(catalog=catalog, **params)
+        self._column: pn.Column | None = None  # what __panel__ shows, once built
         self._seen = catalog.serials
         self.frame = serials_frame(catalog)
         self._fields: dict[str, str] = {}  # metric name -> its column's field in the table
         self._set_choices()
         self.summary = pn.pane.Markdown(self._summary(),
                                         **wrapping(css_classes=["ckptview-summary"]))  # fmt: skip
-        self.live = notice("", kind="info", visible=False, css_classes=["ckptview-live"])
         self.table = table(
             self._shown(), titles=self._titles(), pagination="remote", page_size=self.page_size,
             selectable=1,
@@ -98,6 +99,15 @@ class SerialsTable(pn.viewable.Viewer):
             self.select(latest)
         self._callback = None
         self.updated: list[int] = []  # serials new or changed at the last sync
+
+    @cached_property
+    def live(self) -> pn.pane.Markdown:
+        """The notice of new or changed serials: built when there is news (most pages never
+        get any), then under the summary."""
+        live = notice("", kind="info", visible=False, css_classes=["ckptview-live"])
+        if self._column is not None:
+            self._column.insert(self._column.objects.index(self.summary) + 1, live)
+        return live
 
     # -- columns ------------------------------------------------------------------------------
     def _metric_columns(self) -> list[str]:
@@ -309,8 +319,7 @@ class SerialsTable(pn.viewable.Viewer):
         return figures.timeline(f, x, self.y, self.y, f"serials: {self.y}")
 
     def __panel__(self):
-        self.start_polling()
-        return self._layout()
+        return self.view()
 
     def _timeline_pane(self) -> pn.pane.Bokeh:
         """The timeline, drawn again when what it plots or the serials change."""
@@ -328,14 +337,21 @@ class SerialsTable(pn.viewable.Viewer):
                                                      css_classes=["ckptview-timeline-y"])  # fmt: skip
         return pn.Column(self.y_select, self._timeline_pane(), sizing_mode="stretch_width")
 
-    @built_once
-    def _layout(self):
-        # served, the timeline (below the table) is built once the visitor scrolls to it
-        plot = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-timeline"])
-        draw_when_seen(plot, self._timeline_part, text="Loading…")
-        chooser = pn.widgets.MultiChoice.from_param(
-            self.param.columns, label="columns", sizing_mode="stretch_width",
-            css_classes=["ckptview-columns"],
-        )  # fmt: skip
-        return pn.Column(self.summary, self.live, chooser, self.table, plot,
-                         sizing_mode="stretch_width")  # fmt: skip
+    def view(self, *below) -> pn.Column:
+        """The summary, the column chooser, the table and the timeline, then ``below`` (what
+        a page shows under them: in the same Column, not one more nested); built once (a
+        second call returns it as built), polling started.
+
+        Served, the timeline is built once the visitor scrolls to it."""
+        self.start_polling()
+        if self._column is None:
+            plot = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-timeline"])
+            draw_when_seen(plot, self._timeline_part, text="Loading…")
+            chooser = pn.widgets.MultiChoice.from_param(
+                self.param.columns, label="columns", sizing_mode="stretch_width",
+                css_classes=["ckptview-columns"],
+            )  # fmt: skip
+            news = [self.live] if "live" in self.__dict__ else []  # built before it was shown
+            self._column = pn.Column(self.summary, *news, chooser, self.table, plot, *below,
+                                     sizing_mode="stretch_width")  # fmt: skip
+        return self._column
