@@ -342,16 +342,22 @@ class Storage:
         waits on it), else on a thread of its own; counted when it completes."""
         fut: Future
         if self.async_fs:
-            coro = self.fs._cat_file(path, start=start, end=end)
-            fut = asyncio.run_coroutine_threadsafe(coro, self.fs.loop)
+            fut = asyncio.run_coroutine_threadsafe(self._cat_counted(path, start, end), self.fs.loop)
         else:
-            fut = _fetch_pool().submit(self.fs.cat_file, path, start=start, end=end)
-        fut.add_done_callback(self._count)
+            fut = _fetch_pool().submit(self._cat_file_counted, path, start, end)
         return fut
 
-    def _count(self, fut: Future) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            self.counters.add(len(fut.result()))
+    # counted before the result is handed over (a done-callback runs after waiters wake: a
+    # caller could see the bytes before the counters do)
+    async def _cat_counted(self, path: str, start: int, end: int) -> bytes:
+        data = await self.fs._cat_file(path, start=start, end=end)
+        self.counters.add(len(data))
+        return data
+
+    def _cat_file_counted(self, path: str, start: int, end: int) -> bytes:
+        data = self.fs.cat_file(path, start=start, end=end)
+        self.counters.add(len(data))
+        return data
 
     def read_many(self, requests: Iterable[tuple[str, int, int]], window: int | None = None,
                   ahead: int = STREAM_AHEAD, arrays: bool = False) -> Iterator[bytes]:  # fmt: skip

@@ -38,16 +38,11 @@ def test_deep_verdicts_agree_with_the_frameworks(tmp_path):
     assert agree == total >= 1000
 
 
-def test_header_verdicts_miss_only_what_needs_the_bytes(tmp_path):
-    """Without ``--deep``: no false alarm, no wrong value, and every serial called loadable
-    that the framework refuses is one whose fault only a checksum over the bytes shows (a
-    deep verify then agrees)."""
-    (_, total, _, alarms, values, _), report = run_oracle(tmp_path, False)
-    assert (alarms, values) == (0, 0) and total >= 1000
-    for d in report["disagreements"]:
-        if d["cell"] != "FALSE_LOADABLE":
-            continue
-        deep = d["verify"]["deep"]
-        assert deep.get("errors", 0) > 0, d
-        assert any(w in " ".join(deep["first"]).lower() for w in ("crc", "checksum")) or \
-            d["kind"].startswith(("flip", "stale", "foreign")), d
+def test_verdicts_agree_with_the_frameworks_without_a_deep_verify(tmp_path):
+    """Without ``--deep``: every verdict is the framework's own, ``latest`` too. The faults
+    only a checksum shows (a flipped data byte under TF's crc32c or a deflate stream, a TF
+    data file or index from another serial or run) are in files small enough that their
+    checksums are checked as the tree is read (``scan.checks.SMALL_CHECK``)."""
+    (agree, total, false_loadable, alarms, values, latest), report = run_oracle(tmp_path, False)
+    assert (false_loadable, alarms, values, latest) == (0, 0, 0, 0), report["disagreements"][:3]
+    assert agree == total >= 1000

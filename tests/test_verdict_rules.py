@@ -16,6 +16,7 @@ from test_deepspeed import Glob, Obj, _Emitter, torch_zip
 
 import ckptview as cv
 from ckptview.formats.pickle import InertClasses, RestrictedUnpicklingError, load_pickle
+from ckptview.scan import checks
 
 
 def copy(rel: str, dest: Path) -> Path:
@@ -186,7 +187,30 @@ def flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_tf_checksum_failure_found_by_deep_verify_moves_latest_and_is_remembered(tmp_path):
+def test_a_small_tf_shard_failing_its_checksum_is_refused_at_open(tmp_path):
+    """TF's reader checks every entry's crc32c: a data shard of at most SMALL_CHECK bytes is
+    checked as the tree is read, so the serial is not loadable without a deep verify; what
+    was found is remembered (a reopened tree reads no data shard again)."""
+    run = copy("modern/tf", tmp_path / "tf") / "run_ckpt"
+    cache = tmp_path / "cache"
+    cat = cv.open(run, cache=str(cache))
+    assert cat.latest == 400
+    var = next(v for r in cat._scan.file_results() if r.serial == 400 for v in r.variables
+               if v.span is not None and v.span.length > 8)  # fmt: skip
+    assert Path(var.span.path).stat().st_size <= checks.SMALL_CHECK
+    flip(Path(var.span.path), var.span.offset + 3)
+    cat = cv.open(run, cache=str(cache))
+    assert not cat.serials.loc[400, "loadable"] and cat.latest == 300
+    assert "crc32c checksum does not match" in cat.serials.loc[400, "error"]
+    again = cv.open(run, cache=str(cache))
+    again.variables  # noqa: B018 - headers
+    before = again.storage.counters.bytes_read
+    assert again.latest == 300 and again.storage.counters.bytes_read == before
+
+
+def test_a_tf_checksum_failure_found_by_deep_verify_moves_latest_and_is_remembered(
+        tmp_path, monkeypatch):  # fmt: skip
+    monkeypatch.setattr(checks, "SMALL_CHECK", 0)  # shards too large to check as it is read
     run = copy("modern/tf", tmp_path / "tf") / "run_ckpt"
     cache = tmp_path / "cache"
     cat = cv.open(run, cache=str(cache))

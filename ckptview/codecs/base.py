@@ -72,6 +72,12 @@ class Codec:
     #: ``load_weights``): a serial whose shapes differ from the run's does not load
     loads_into_model: ClassVar[bool] = False
 
+    #: True when the framework's loader checks the format's checksums on every load (TF's
+    #: crc32c, ``np.load``'s zip CRC-32): small files' are checked as the tree is read
+    checked_on_load: ClassVar[bool] = False
+    #: True when the format's files are zip archives (their members' CRC-32 are checksums)
+    zip_archive: ClassVar[bool] = False
+
     def checksums(self, blob: Blob, variables: Sequence[VarInfo]) -> Iterator[tuple[str, str]]:
         """``(variable name, problem)`` for each checksum the format stores that the bytes fail
         (deep verify reads them); a format without per-variable checksums yields nothing."""

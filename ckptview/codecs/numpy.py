@@ -166,6 +166,8 @@ class NpzCodec(Codec):
     """``.npz`` archives (``np.savez`` stored, ``np.savez_compressed`` deflated)."""
 
     name = "npz"
+    checked_on_load = True  # zipfile checks each member's CRC-32 as np.load reads it
+    zip_archive = True
     suffixes = (".npz",)
     save_suffixes = suffixes
     priority = CodecTier.FORMAT

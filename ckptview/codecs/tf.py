@@ -110,6 +110,7 @@ class TFBundleCodec(Codec):
     """
 
     name = "tf"
+    checked_on_load = True  # TF's reader checks each entry's crc32c
     suffixes = (".index",)
     priority = CodecTier.FORMAT
 

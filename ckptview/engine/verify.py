@@ -12,7 +12,6 @@ of every stored zip member (torch, npz, keras files), streamed with bounded memo
 from __future__ import annotations
 
 import posixpath
-import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 
@@ -22,7 +21,7 @@ import pandas as pd
 from .. import registry
 from ..dtypes import is_numeric, itemsize, np_dtype, packed_nbytes
 from ..formats.small import loads_json
-from ..formats.zipdir import DEFLATED, STORED, locate, read_directory
+from ..formats.zipdir import crc_problems
 from ..io import READ_BUDGET, WHOLE_FILE, Storage
 from ..model import VarInfo
 from ..scan.access import touches, unreadable_dirs
@@ -345,51 +344,5 @@ def _data_files(scan: Scan, res: FileResult, variables: list[VarInfo] | None = N
 def _zip_crcs(serial: int, url: str, blob, silent: bool = False) -> Iterator[Finding]:
     """Each member's CRC-32 (stored and deflated ones) against its bytes; ``silent``: the
     framework's reader would load the corrupt member without noticing (torch)."""
-    said = " (torch would load it silently)" if silent else ""
-    try:
-        directory = read_directory(blob)
-        entries = [e for e in directory.values()
-                   if e.compress_type in (STORED, DEFLATED) and e.file_size]  # fmt: skip
-        starts = locate(blob, entries)
-    except Exception as err:  # noqa: BLE001 - the listing reported what it could not read
-        yield serial, url, "crc32", "error", f"zip directory: {type(err).__name__}: {err}"
-        return
-    for member, where in zip(entries, starts, strict=True):
-        if isinstance(where, Exception):
-            yield serial, url, "crc32", "error", f"{member.filename}: {where}"
-            continue
-        try:
-            crc = _member_crc(blob, member, where[0])
-        except Exception as e:  # noqa: BLE001 - a member that does not inflate is the finding
-            yield serial, url, "crc32", "error", f"{member.filename}: CRC-32 unchecked: {e}{said}"
-            continue
-        if crc != member.CRC:
-            # torch never checks: a record that still parses loads as it is; a storage's
-            # bytes (values) are refused, the rest is a warning
-            severity = "warning" if silent and "/data/" not in member.filename else "error"
-            yield (serial, url, "crc32", severity,
-                   f"{member.filename}: CRC-32 {crc:08x} != {member.CRC:08x}{said}")  # fmt: skip
-
-
-def _member_crc(blob, member, start: int) -> int:
-    """The CRC-32 of a member's uncompressed bytes, streamed in bounded memory (on remote
-    storage the next chunks read while one is summed: ``Blob.read_many``)."""
-    crc = 0
-    size = member.file_size if member.compress_type == STORED else member.compress_size
-    chunks = blob.read_many((start + at, min(CRC_CHUNK, size - at))
-                            for at in range(0, size, CRC_CHUNK))  # fmt: skip
-    if member.compress_type == STORED:
-        for data in chunks:
-            crc = zlib.crc32(data, crc)
-        return crc
-    inflate, n = zlib.decompressobj(-15), 0
-    for raw in chunks:
-        data = inflate.decompress(raw, CRC_CHUNK)
-        while True:
-            crc, n = zlib.crc32(data, crc), n + len(data)
-            if not inflate.unconsumed_tail:
-                break
-            data = inflate.decompress(inflate.unconsumed_tail, CRC_CHUNK)
-    if not inflate.eof or n != member.file_size:
-        raise ValueError(f"the compressed stream ends early ({n} of {member.file_size} bytes)")
-    return crc
+    for severity, message in crc_problems(blob, silent, CRC_CHUNK):
+        yield serial, url, "crc32", severity, message

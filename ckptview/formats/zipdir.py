@@ -21,6 +21,8 @@ header coming in the same ranged read as the payload.
 from __future__ import annotations
 
 import struct
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..io import HEAD_BLOCK, Blob, TruncatedError
@@ -354,3 +356,55 @@ def read_members(
         for (i, _, _), data in zip(missing, more, strict=True):
             out[i] = (out[i][0], out[i][1] + data)
     return out
+
+
+def crc_problems(blob: Blob, silent: bool = False,
+                 chunk: int = 4 << 20) -> Iterator[tuple[str, str]]:  # fmt: skip
+    """``(severity, message)`` for each member whose CRC-32 (stored and deflated members)
+    its bytes fail, or that does not inflate, streamed in ``chunk``-byte reads; ``silent``:
+    the framework's reader loads a corrupt member without noticing (torch: a storage's bytes
+    are still an error, any other member a warning)."""
+    said = " (torch would load it silently)" if silent else ""
+    try:
+        directory = read_directory(blob)
+        entries = [e for e in directory.values()
+                   if e.compress_type in (STORED, DEFLATED) and e.file_size]  # fmt: skip
+        starts = locate(blob, entries)
+    except Exception as err:  # noqa: BLE001 - the listing reported what it could not read
+        yield "error", f"zip directory: {type(err).__name__}: {err}"
+        return
+    for member, where in zip(entries, starts, strict=True):
+        if isinstance(where, Exception):
+            yield "error", f"{member.filename}: {where}"
+            continue
+        try:
+            crc = member_crc(blob, member, where[0], chunk)
+        except Exception as e:  # noqa: BLE001 - a member that does not inflate is the finding
+            yield "error", f"{member.filename}: CRC-32 unchecked: {e}{said}"
+            continue
+        if crc != member.CRC:
+            severity = "warning" if silent and "/data/" not in member.filename else "error"
+            yield severity, f"{member.filename}: CRC-32 {crc:08x} != {member.CRC:08x}{said}"
+
+
+def member_crc(blob: Blob, member: ZipEntry, start: int, chunk: int = 4 << 20) -> int:
+    """The CRC-32 of a member's uncompressed bytes, streamed in bounded memory (on remote
+    storage the next chunks read while one is summed: ``Blob.read_many``)."""
+    crc = 0
+    size = member.file_size if member.compress_type == STORED else member.compress_size
+    chunks = blob.read_many((start + at, min(chunk, size - at)) for at in range(0, size, chunk))
+    if member.compress_type == STORED:
+        for data in chunks:
+            crc = zlib.crc32(data, crc)
+        return crc
+    inflate, n = zlib.decompressobj(-15), 0
+    for raw in chunks:
+        data = inflate.decompress(raw, chunk)
+        while True:
+            crc, n = zlib.crc32(data, crc), n + len(data)
+            if not inflate.unconsumed_tail:
+                break
+            data = inflate.decompress(inflate.unconsumed_tail, chunk)
+    if not inflate.eof or n != member.file_size:
+        raise ValueError(f"the compressed stream ends early ({n} of {member.file_size} bytes)")
+    return crc

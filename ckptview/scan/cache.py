@@ -297,13 +297,15 @@ def listing_key(cache: HeaderCache, tree: Tree, ref: FileRef, entries: dict | No
                         ref.optional)  # fmt: skip
 
 
-def deep_key(cache: HeaderCache, tree: Tree, path: str, serial_files: list[str]) -> CacheKey | None:
-    """The cache key of what a deep verify found in one file: the file's identity and those
-    of every file of its serial (a data file a metadata file names may change alone)."""
+def deep_key(cache: HeaderCache, tree: Tree, path: str, serial_files: list[str],
+             kind: str = "deep") -> CacheKey | None:  # fmt: skip
+    """The cache key of what a deep verify (``kind``: or the checks of small files) found in
+    one file: the file's identity and those of every file of its serial (a data file a
+    metadata file names may change alone)."""
     entries = tree.entries
     info = entries.get(tree.rel(path))
     peers = []
     for p in sorted(serial_files):
         e = entries.get(tree.rel(p)) or {}
         peers.append((tree.rel(p), int(e.get("size") or 0), e.get("mtime"), e.get("etag") or ""))
-    return cache.key("deep", tree.storage.url(path), info, repr(peers))
+    return cache.key(kind, tree.storage.url(path), info, repr(peers))

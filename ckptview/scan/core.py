@@ -17,6 +17,7 @@ from ..layouts.base import Layout
 from ..model import META_DIR, FileRef, SerialInfo, TreeScan, VarInfo, as_columns
 from ..tree import Tree
 from .cache import HeaderCache, deep_key, resolve
+from .checks import small_checks
 from .listing import NO_CODEC, FileResult, default_executor, paused_gc, run_listings
 from .logical import ASSEMBLED, Logical, Placed, assemble, iter_assembled, read_assembled
 from .peers import drift
@@ -81,6 +82,7 @@ class Scan:
         #: file URL -> the error findings of a deep verify ([] when clean): folded into the
         #: serials' verdicts, and kept in the header cache for unchanged files
         self._deep: dict[str, list[str]] = {}
+        self._checked: dict[int, list[str]] | None = None
 
     @property
     def url(self) -> str:
@@ -197,10 +199,21 @@ class Scan:
     def serials(self) -> pd.DataFrame:
         def build() -> pd.DataFrame:
             results = self.logical().results
+            refused = drift(self.tree, results)
+            for serial, found in self._small_checks().items():
+                refused[serial] = [*refused.get(serial, ()), *found]
             return serials_table(self.tree, self.tree_scan, results, read_slimmed(self.tree),
-                                 self._deep_findings(), drift(self.tree, results))  # fmt: skip
+                                 self._deep_findings(), refused)  # fmt: skip
 
         return self._table("serials", build)
+
+    def _small_checks(self) -> dict[int, list[str]]:
+        """Per serial: the checksums its small files fail where the framework checks them on
+        load (:mod:`.checks`); checked once, then kept in the header cache."""
+        if self._checked is None:
+            self._checked = small_checks(self.tree, self.storage, self.cache,
+                                         self.file_results(), self._serial_paths)  # fmt: skip
+        return self._checked
 
     def _serial_paths(self) -> dict[int, list[str]]:
         """Every file path of each serial (its listed files and the others)."""
@@ -416,3 +429,4 @@ class Scan:
             self._tables = {}
             self._index = {}
             self._deep = {}
+            self._checked = None

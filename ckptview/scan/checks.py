@@ -1,0 +1,113 @@
+"""Checksums checked as a tree is read, where they are few bytes and the framework checks them.
+
+TensorFlow's reader checks every entry's crc32c and ``np.load`` every ``.npz`` member's
+CRC-32 on each load: a flipped bit makes the serial fail to load, yet no header shows it.
+ckptview reads headers only; for these formats, when every file a listed file's values lie in
+is at most :data:`SMALL_CHECK` bytes (the first read of a remote file: its bytes are in hand
+anyway), the checksums are checked as the serials' verdicts are formed, so ``loadable`` is the
+framework's own answer without a deep verify. Larger files keep their header verdict
+(``verify(deep=True)`` reads them). What was found is kept in the header cache under the
+identities of every file of the serial (like a deep verify's findings): a reopened tree reads
+nothing again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from .. import registry
+from ..codecs.base import Codec
+from ..formats.zipdir import LOCAL_MAGIC, crc_problems
+from ..io import Storage
+from ..tree import Tree
+from .cache import HeaderCache, deep_key
+from .listing import FileResult
+
+#: the largest file whose checksums are checked as the tree is read (bytes)
+SMALL_CHECK = 64 << 10
+
+
+def checksum_problems(storage: Storage, res: FileResult, codec: Codec,
+                      silent: bool = False) -> Iterator[tuple[str, str, str]]:  # fmt: skip
+    """``(check, severity, message)`` for each checksum of a listed file its bytes fail: the
+    CRC-32 of its members when its codec's files are zip archives (``silent``: the framework
+    loads them unchecked, see
+    :func:`~ckptview.formats.zipdir.crc_problems`) and the format's own
+    (:meth:`Codec.checksums`)."""
+    blob = storage.blob(res.ref.path, res.ref.size)
+    if codec.zip_archive and blob.size >= 4 and blob.head(4) == LOCAL_MAGIC:
+        for severity, message in crc_problems(blob, silent):
+            yield "crc32", severity, message
+    try:
+        for name, problem in codec.checksums(blob, res.variables):
+            yield "checksum", "error", f"{name}: {problem}"
+    except Exception as e:  # noqa: BLE001 - a checksum that cannot be read is the finding
+        yield "checksum", "error", f"checksum unreadable: {type(e).__name__}: {e}"
+
+
+def _files(storage: Storage, res: FileResult, codec: Codec) -> dict[str, int] | None:
+    """The files a listed file's checks read (its own when it is a zip archive, and those its
+    variables' bytes lie in), with their sizes; None when one is larger than
+    :data:`SMALL_CHECK`."""
+    blob = storage.blob(res.ref.path, res.ref.size)
+    out = {res.ref.path: blob.size} if codec.zip_archive else {}
+    for var in res.variables:
+        if var.error:
+            continue
+        for path, _offset, _length in codec.spans(blob, var) or ():
+            if path not in out:
+                out[path] = storage.blob(path).size
+    return out if out and all(0 <= size <= SMALL_CHECK for size in out.values()) else None
+
+
+def small_checks(tree: Tree, storage: Storage, cache: HeaderCache,
+                 results: list[FileResult],
+                 serial_paths: Callable[[], dict[int, list[str]]]) -> dict[int, list[str]]:  # fmt: skip
+    """Per serial: the checksum errors of its small files whose framework checks them on
+    load (codecs with ``checked_on_load``), as ``file: check: message``; serials without any
+    are left out. Files are checked concurrently on remote storage, each fetched whole."""
+    todo: list[tuple[FileResult, Codec, dict[str, int]]] = []
+    for res in results:
+        if not res.codec or res.error or not res.ref.required or not res.variables:
+            continue
+        try:
+            codec = registry.get_codec(res.codec)
+        except Exception:  # noqa: BLE001 - an unknown codec has nothing to check
+            continue
+        if not codec.checked_on_load:
+            continue
+        try:
+            files = _files(storage, res, codec)
+        except Exception:  # noqa: BLE001 - a file that cannot be sized keeps its header verdict
+            continue
+        if files is not None:
+            todo.append((res, codec, files))
+    if not todo:
+        return {}
+    paths = serial_paths()
+    found: dict[int, list[str]] = {}
+    missing = []
+    for res, codec, files in todo:
+        key = deep_key(cache, tree, res.ref.path, paths.get(res.serial, []), kind="checked")
+        got = cache.get(key)
+        if got is None:
+            missing.append((res, codec, files, key))
+        elif got:
+            found.setdefault(res.serial, []).extend(got)
+
+    def check(item: tuple) -> list[str]:
+        res, codec, _files, _key = item
+        name = res.ref.path.rsplit("/", 1)[-1]
+        return [f"{name}: {check}: {message}"
+                for check, severity, message in checksum_problems(storage, res, codec)
+                if severity == "error"]  # fmt: skip
+
+    def whole(item: tuple) -> list[tuple[Storage, str, int]]:
+        return [(storage, path, size) for path, size in item[2].items() if size > 0]
+
+    for item, problems in zip(missing, storage.map_window(check, missing, files=whole,
+                                                          inline=lambda _: True)):  # fmt: skip
+        cache.put(item[3], problems)
+        if problems:
+            found.setdefault(item[0].serial, []).extend(problems)
+    return found
