@@ -11,8 +11,9 @@ peer (``benchmarks/peer_table_app.py``). Measured for each, in one run:
 * ``--pages`` page loads one after another (a fresh browser context each, so nothing cached):
   the server process's CPU seconds per page (everything it does for one visitor: the page,
   its resources, the WebSocket session) and the time from navigation to the first serial row;
-  then ``--pages`` visits of the protocol client (below) one after another: the server's CPU
-  seconds per page without the page's resources (steadier: no browser on the same cores);
+  then, once those sessions were discarded, ``--visits`` visits of the protocol client (below)
+  one after another: the server's CPU seconds per page without the page's resources and
+  without discarding its session (steadier: no browser on the same cores);
 * ``--gets`` page GETs at once (threads): latency p50 / p95;
 * ``--sessions`` visitors at once, ``--waves`` times, each asking the server exactly what a
   browser asks (the page, then over its WebSocket the document, then ``document_ready``) but
@@ -132,11 +133,11 @@ async def measure(app: Path, tree: Path, args, browser) -> dict:
         alone = [await first_row(browser, server.url) for _ in range(args.pages)]
         out["cpu"] = (cpu_s(pid) - c0) / args.pages
         out["alone"] = alone
-        await asyncio.sleep(4)
+        await asyncio.sleep(DISCARDED)  # the pages' sessions discarded (not counted below)
         c0 = cpu_s(pid)
-        for _ in range(args.pages):
+        for _ in range(args.visits):
             await visit(server.url)
-        out["cpu_client"] = (cpu_s(pid) - c0) / args.pages
+        out["cpu_client"] = (cpu_s(pid) - c0) / args.visits
         await asyncio.sleep(4)
         out["gets"] = await asyncio.to_thread(gets, server.url, args.gets)
         await asyncio.sleep(DISCARDED)  # the GETs' sessions discarded
@@ -190,7 +191,8 @@ async def run(args) -> None:
                 results[name] = await measure(app, tree, args, browser)
         finally:
             await browser.close()
-    print(f"\n{args.pages} pages one after another; {args.gets} GETs at once; "
+    print(f"\n{args.pages} pages one after another (and {args.visits} protocol-client visits); "
+          f"{args.gets} GETs at once; "
           f"{args.waves} waves of {args.sessions} browser sessions at once\n")
     print("| app | server CPU per page, Chromium (s) | server CPU per page, protocol client (s) "
           "| first row, alone, median (s) "
@@ -221,6 +223,7 @@ async def run(args) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pages", type=int, default=5)
+    p.add_argument("--visits", type=int, default=20, help="protocol-client pages for CPU")
     p.add_argument("--gets", type=int, default=20)
     p.add_argument("--sessions", type=int, default=20)
     p.add_argument("--waves", type=int, default=3)
