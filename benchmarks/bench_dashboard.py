@@ -121,7 +121,7 @@ def session_cost(root: Path, runs: int) -> dict:
     from panel.io.state import set_curdoc
 
     from ckptview.widgets._format import serials_frame
-    from ckptview.widgets.app import build_app, shared_catalog
+    from ckptview.widgets.shell.app import build_app, shared_catalog
 
     pn.extension("tabulator")
     frame = serials_frame(shared_catalog(str(root)))  # catalogued once, as --warm does
@@ -150,7 +150,7 @@ def session_cost(root: Path, runs: int) -> dict:
 def compare_time(root: Path, runs: int) -> tuple[int, float]:
     """Seconds to compare two serials in the Compare tab (diff + table), median of runs."""
     from ckptview.widgets._base import Workspace
-    from ckptview.widgets.compare import CompareView
+    from ckptview.widgets.pages.compare import CompareView
 
     cat = cv.open(root)
     view = CompareView(Workspace([cat]))

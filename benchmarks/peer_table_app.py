@@ -9,7 +9,7 @@ import sys
 import panel as pn
 
 from ckptview.widgets._format import serials_frame
-from ckptview.widgets.app import shared_catalog
+from ckptview.widgets.shell.app import shared_catalog
 
 if __name__.startswith("bokeh"):  # run by ``panel serve``
     pn.extension("tabulator")

@@ -14,7 +14,7 @@ from playwright.sync_api import Page, expect
 from test_browser_app import WAIT, Server
 
 from ckptview.demo import write_demo
-from ckptview.widgets.server import CSP
+from ckptview.widgets.shell.server import CSP
 
 pytestmark = pytest.mark.browser
 

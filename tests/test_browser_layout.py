@@ -13,7 +13,7 @@ from test_browser_app import SCROLL_TOP, SERIALS, WAIT, Server
 
 import ckptview as cv
 from ckptview.demo import write_demo
-from ckptview.widgets.app import TABS
+from ckptview.widgets.shell.app import TABS
 
 pytestmark = pytest.mark.browser
 WIDTH, HEIGHT = 1280, 800

@@ -16,8 +16,8 @@ from conftest import free_port
 from playwright.sync_api import Page, expect
 
 from ckptview.demo import write_demo
-from ckptview.widgets import loading
-from ckptview.widgets.app import build_app
+from ckptview.widgets.shell import loading
+from ckptview.widgets.shell.app import build_app
 
 WAIT = 60_000
 

@@ -1,6 +1,6 @@
 """The served page in a real browser: ``panel serve app/ckptview_app.py`` driven by Chromium.
 
-The app file is the thin script over :mod:`ckptview.widgets.app` (the whole dashboard).
+The app file is the thin script over :mod:`ckptview.widgets.shell.app` (the whole dashboard).
 
 Also ``ckptview serve`` itself: it starts the same server and refuses a bad tree in one line.
 """

@@ -15,10 +15,10 @@ import ckptview as cv
 from ckptview.demo import write_demo
 from ckptview.widgets import RestoreView, RetentionView, Workspace
 from ckptview.widgets._format import STATUS_COLORS, fmt_cosine, md_problem
-from ckptview.widgets.compare import diff_frame
 from ckptview.widgets.guard import AccessRefused, Guard
-from ckptview.widgets.retention import DONE_SHOWN
-from ckptview.widgets.serials import TIMELINE, SerialsTable
+from ckptview.widgets.pages.browse.serials import TIMELINE, SerialsTable
+from ckptview.widgets.pages.compare import diff_frame
+from ckptview.widgets.pages.retention import DONE_SHOWN
 
 SERIALS = 4
 

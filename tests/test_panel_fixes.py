@@ -101,7 +101,7 @@ def test_page_resources_come_from_the_cache_and_equal_panels_own(monkeypatch):
     from panel.io.resources import Resources
 
     pn.extension("tabulator")
-    import ckptview.widgets.app  # noqa: F401 - every component class the dashboard loads
+    import ckptview.widgets.shell.app  # noqa: F401 - every component class the dashboard loads
 
     patched = Resources.extra_resources
     assert getattr(patched, _panel_fixes._CACHED, False)

@@ -256,7 +256,7 @@ def test_a_tree_that_cannot_be_checked_shows_the_error_on_that_tree(s3, proxy):
     """The dashboard's poll: a tree whose listing is refused (403 on LIST) keeps its last
     catalog and shows why on its Browse tab; once the listing works again the error goes."""
     from ckptview.widgets import Workspace
-    from ckptview.widgets.app import Dashboard
+    from ckptview.widgets.shell.app import Dashboard
 
     cat = open_s3(s3, s3["urls"]["modern/hf"])
     serials = list(cat.serials.index)

@@ -187,7 +187,7 @@ def test_the_icon_stylesheet_is_edited_once_per_content(monkeypatch):
     (a changed file is edited again); other paths pass untouched."""
     from tornado.httputil import HTTPHeaders, HTTPServerRequest
 
-    from ckptview.widgets.server import RobotoRanges
+    from ckptview.widgets.shell.server import RobotoRanges
 
     face = RobotoRanges.FACE
     edits = []
@@ -222,7 +222,7 @@ def test_static_gzip_keeps_each_resource_once(tmp_path):
     import tornado.testing
     import tornado.web
 
-    from ckptview.widgets.server import StaticGZip
+    from ckptview.widgets.shell.server import StaticGZip
 
     (tmp_path / "app.js").write_text("var x = 1;\n" * 5000)
 

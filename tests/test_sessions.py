@@ -26,16 +26,16 @@ from panel.io.state import set_curdoc
 
 import ckptview as cv
 from ckptview.demo import write_demo
-from ckptview.widgets import app as appmod
 from ckptview.widgets._base import Workspace
-from ckptview.widgets.app import TABS, Dashboard, build_app
-from ckptview.widgets.compare import CompareView
-from ckptview.widgets.detail import VariableDetail
-from ckptview.widgets.restore import RestoreView
-from ckptview.widgets.retention import RetentionView
-from ckptview.widgets.serials import SerialsTable
-from ckptview.widgets.variables import VariablesTable
-from ckptview.widgets.verify import VerifyPanel
+from ckptview.widgets.pages.browse.detail import VariableDetail
+from ckptview.widgets.pages.browse.serials import SerialsTable
+from ckptview.widgets.pages.browse.variables import VariablesTable
+from ckptview.widgets.pages.browse.verify import VerifyPanel
+from ckptview.widgets.pages.compare import CompareView
+from ckptview.widgets.pages.restore import RestoreView
+from ckptview.widgets.pages.retention import RetentionView
+from ckptview.widgets.shell import app as appmod
+from ckptview.widgets.shell.app import TABS, Dashboard, build_app
 
 #: Bokeh models of a demo page: 288 when every view was built at once, 243 with the Browse tab
 #: only, 157 now (columns share their editor and formatter, the serials table holds only its
@@ -193,7 +193,7 @@ def test_the_tree_picker_is_built_when_its_button_is_clicked(demo, monkeypatch):
     """The sidebar holds a button, not the tree picker (two text inputs, a button, the list
     of open trees: a tenth of a page's server time, for the few visitors who open a tree):
     the form is built on the click that asks for it, once, and joins the page then."""
-    from ckptview.widgets.picker import TreePicker
+    from ckptview.widgets.shell.picker import TreePicker
 
     built = []
     init = TreePicker.__init__
@@ -351,7 +351,7 @@ def test_served_sessions_are_released_when_they_end(demo, monkeypatch):
 def test_a_run_browser_builds_what_is_below_its_serials_on_first_use(demo):
     """The variables, the detail and the verify action are made when first shown (at once
     outside a server), for the serial selected by then."""
-    from ckptview.widgets.browser import RunBrowser
+    from ckptview.widgets.pages.browse.browser import RunBrowser
 
     browser = RunBrowser(cv.open(demo), poll_seconds=0)
     assert browser.built == []

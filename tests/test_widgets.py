@@ -48,7 +48,7 @@ from ckptview.widgets._format import (
     serials_frame,
     streamed_histogram,
 )
-from ckptview.widgets.detail import VariableDetail
+from ckptview.widgets.pages.browse.detail import VariableDetail
 
 SERIALS = 6
 
@@ -308,6 +308,19 @@ def test_build_app_renders(demo):
     assert model is not None
 
 
+def test_a_dashboard_that_fails_without_an_experiment_raises_its_own_error(demo, monkeypatch):
+    """build_app's fallback is for an experiment refused; with none, the error is the
+    dashboard's own (it was masked by an AttributeError on ``experiment.root``)."""
+    from ckptview.widgets.shell import app as appmod
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("the dashboard's own failure")
+
+    monkeypatch.setattr(appmod.Dashboard, "__init__", broken)
+    with pytest.raises(RuntimeError, match="dashboard's own failure"):
+        build_app([str(demo.root)])
+
+
 def test_a_tree_that_cannot_be_catalogued_is_an_error_on_the_page(demo, tmp_path):
     notes = tmp_path / "notes"
     notes.mkdir()
@@ -548,7 +561,7 @@ def test_restore_tab_exports_safetensors(tmp_path):
 
 
 def test_timeline_shows_bytes_by_kind():
-    from ckptview.widgets.serials import BY_KIND
+    from ckptview.widgets.pages.browse.serials import BY_KIND
 
     view = SerialsTable(cv.open(corpus_path("llm/deepspeed_zero")), poll_seconds=0)
     assert BY_KIND in view.param.y.objects
@@ -673,7 +686,7 @@ def test_text_tabs_keep_their_headers_in_step_and_send_none_for_text_titles():
     import panel as pn
     from bokeh.document import Document
 
-    from ckptview.widgets.app import TextTabs
+    from ckptview.widgets.shell.app import TextTabs
 
     tabs = TextTabs(("A", pn.Column()), ("B", pn.Column()))
     tabs.insert(0, ("Runs", pn.Column()))  # as the dashboard of an experiment does

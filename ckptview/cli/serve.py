@@ -1,5 +1,5 @@
 """``ckptview serve URL...``: the dashboard, i.e. ``panel serve app/ckptview_app.py --args URL...``
-through :mod:`ckptview.widgets.server` (a Host check and a Content-Security-Policy), on
+through :mod:`ckptview.widgets.shell.server` (a Host check and a Content-Security-Policy), on
 127.0.0.1 unless ``--address`` says otherwise (docs/sharing.md). A directory of several runs
 (an experiment) opens on its Runs page."""
 
@@ -95,7 +95,7 @@ def app_path() -> Path:
 
 
 def command(args, app: Path) -> list[str]:
-    """The server's command line (:mod:`ckptview.widgets.server`: ``panel serve`` with a Host
+    """The server's command line (:mod:`ckptview.widgets.shell.server`: ``panel serve`` with a Host
     check and a Content-Security-Policy) for these arguments."""
     cmd = [sys.executable, "-m", "ckptview.widgets", str(app), "--port", str(args.port),
            "--address", args.address]  # fmt: skip

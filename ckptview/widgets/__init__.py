@@ -9,19 +9,19 @@
 
 from . import _panel_fixes
 from ._base import Workspace
-from .app import Dashboard, build_app
-from .browser import RunBrowser
-from .compare import CompareView
-from .detail import VariableDetail
 from .guard import AccessRefused, Guard
-from .notebook import extension
-from .picker import TreePicker
-from .restore import RestoreView
-from .retention import RetentionView
-from .runs import RunsView
-from .serials import SerialsTable
-from .trajectory import TrajectoryPlot
-from .variables import VariablesTable
+from .pages.browse.browser import RunBrowser
+from .pages.browse.detail import VariableDetail
+from .pages.browse.serials import SerialsTable
+from .pages.browse.variables import VariablesTable
+from .pages.compare import CompareView
+from .pages.restore import RestoreView
+from .pages.retention import RetentionView
+from .pages.runs import RunsView
+from .pages.trajectory import TrajectoryPlot
+from .shell.app import Dashboard, build_app
+from .shell.notebook import extension
+from .shell.picker import TreePicker
 
 _panel_fixes.apply()
 _panel_fixes.cache_component_resources()

@@ -6,6 +6,6 @@
 import sys
 
 if __name__.startswith("bokeh"):  # run by ``panel serve``
-    from ckptview.widgets.app import serve
+    from ckptview.widgets.shell.app import serve
 
     serve(sys.argv[1:])

@@ -25,8 +25,8 @@ from bokeh.plotting import figure
 from ckptview.engine.stats import STAT_COLUMNS
 from ckptview.experiment import Experiment, open_experiment
 
-from . import figures
-from ._base import (
+from .. import figures
+from .._base import (
     BUTTON_CSS,
     TABLE_CSS,
     Workspace,
@@ -41,7 +41,7 @@ from ._base import (
     table,
     wrapping,
 )
-from ._format import badge, fmt_number, human_bytes, md_code, md_problem, md_text
+from .._format import badge, fmt_number, human_bytes, md_code, md_problem, md_text
 
 __all__ = ["RunsView", "add_runs", "run_status", "runs_frame"]
 
@@ -333,7 +333,7 @@ class RunsView(pn.viewable.Viewer):
             if result is not None:
                 await result
             return
-        from .browser import RunBrowser  # a notebook: the run below the table
+        from .browse.browser import RunBrowser  # a notebook: the run below the table
 
         heading = pn.pane.Markdown(f"#### Run {md_code(run)}", **wrapping())
         self.browser = RunBrowser(self.experiment[run], poll_seconds=0)

@@ -6,7 +6,7 @@ import pandas as pd
 import panel as pn
 import param
 
-from ._base import (
+from .._base import (
     BUTTON_CSS,
     Workspace,
     as_workspace,
@@ -17,7 +17,7 @@ from ._base import (
     set_notice,
     table,
 )
-from ._format import human_bytes, md_code, md_problem, md_text
+from .._format import human_bytes, md_code, md_problem, md_text
 
 OPS = ["kind", "path", "size", "note"]
 START = "Choose a serial and press **Plan (dry run)**: nothing changes until you confirm."

@@ -11,9 +11,9 @@ import param
 import ckptview as cv
 from ckptview.dtypes import is_numeric
 
-from . import plots
-from ._base import BUTTON_CSS, in_background, table, wrapping
-from ._format import (
+from ... import plots
+from ..._base import BUTTON_CSS, in_background, table, wrapping
+from ..._format import (
     fmt_number,
     fmt_shape,
     human_bytes,

@@ -21,19 +21,19 @@ import ckptview as cv
 from ckptview.experiment import Experiment
 from ckptview.scan.isolated import IsolatedExecutor
 
-from ._base import Workspace, in_background, notice, set_notice
-from ._base import served as is_served
-from ._format import md_code, md_error, md_text
-from .browser import RunBrowser
-from .compare import CompareView
-from .guard import Guard
-from .health import HealthView
+from .._base import Workspace, in_background, notice, set_notice
+from .._base import served as is_served
+from .._format import md_code, md_error, md_text
+from ..guard import Guard
+from ..pages.browse.browser import RunBrowser
+from ..pages.compare import CompareView
+from ..pages.health import HealthView
+from ..pages.restore import RestoreView
+from ..pages.retention import RetentionView
+from ..pages.runs import RunsView, add_runs
+from ..pages.trajectory import TrajectoryPlot
 from .loading import TreeLoad
 from .picker import TreePicker
-from .restore import RestoreView
-from .retention import RetentionView
-from .runs import RunsView, add_runs
-from .trajectory import TrajectoryPlot
 
 TABS = ["Browse", "Compare", "Trajectory", "Restore", "Retention", "Health"]
 #: the dark theme's primary colour: buttons white on a mid blue (pale blue with white text
@@ -414,11 +414,15 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
                 workspace.add(load.result())
             except Exception as e:  # noqa: BLE001 - shown on the page
                 problems.append(notice(f"{md_code(load.url)}: {md_error(e)}", kind="danger"))
-    try:
-        dashboard = Dashboard(workspace, experiment, poll_seconds=poll_seconds)
-    except Exception as e:  # noqa: BLE001 - the experiment refused (outside the roots)
-        problems.append(notice(f"{md_code(experiment.root)}: {md_error(e)}", kind="danger"))
+    if experiment is None:
         dashboard = Dashboard(workspace, poll_seconds=poll_seconds)
+    else:
+        try:
+            dashboard = Dashboard(workspace, experiment, poll_seconds=poll_seconds)
+        except Exception as e:  # noqa: BLE001 - the experiment refused (outside the roots)
+            problems.append(notice(f"{md_code(experiment.root or '')}: {md_error(e)}",
+                                   kind="danger"))  # fmt: skip
+            dashboard = Dashboard(workspace, poll_seconds=poll_seconds)
     if served:
         dashboard.start_polling()  # served: tied to this browser session
     if not urls:

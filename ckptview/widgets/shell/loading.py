@@ -10,7 +10,7 @@ from typing import Any
 
 import ckptview as cv
 
-from ._format import md_code
+from .._format import md_code
 
 
 def open_catalog(url: str, executor: Any = None, progress=None) -> cv.Catalog:

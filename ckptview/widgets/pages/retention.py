@@ -7,7 +7,7 @@ import panel as pn
 import panel_material_ui as pmui
 import param
 
-from ._base import (
+from .._base import (
     BUTTON_CSS,
     Workspace,
     as_workspace,
@@ -19,7 +19,7 @@ from ._base import (
     size_formatter,
     table,
 )
-from ._format import badge, human_bytes, md_code, md_problem
+from .._format import badge, human_bytes, md_code, md_problem
 
 PLAN_SHOWN = ["serial", "action", "reason", "size", "step", "time"]
 DONE_SHOWN = ["serial", "action", "size", "path"]  # after a deletion: what went, from where

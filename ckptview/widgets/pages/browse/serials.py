@@ -10,8 +10,8 @@ import param
 
 import ckptview as cv
 
-from . import figures
-from ._base import (
+from ... import figures
+from ..._base import (
     draw_when_seen,
     in_background,
     notice,
@@ -21,7 +21,7 @@ from ._base import (
     table,
     wrapping,
 )
-from ._format import (
+from ..._format import (
     BADGE_WIDTH,
     badge,
     fit_width,

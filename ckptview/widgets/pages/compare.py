@@ -9,9 +9,9 @@ import pandas as pd
 import panel as pn
 import param
 
-from ..engine.diff import by_change
-from . import plots
-from ._base import (
+from ...engine.diff import by_change
+from .. import plots
+from .._base import (
     BUTTON_CSS,
     Workspace,
     as_workspace,
@@ -22,7 +22,7 @@ from ._base import (
     table,
     table_font,
 )
-from ._format import (
+from .._format import (
     BADGE_WIDTH,
     badge,
     badge_width,

@@ -8,7 +8,7 @@ import param
 
 import ckptview as cv
 
-from ._base import (
+from ..._base import (
     built_once,
     form_row,
     name_formatter,
@@ -18,7 +18,7 @@ from ._base import (
     table,
     table_font,
 )
-from ._format import (
+from ..._format import (
     badge,
     filter_choices,
     fit_width,

@@ -7,7 +7,7 @@ import json
 import panel as pn
 import param
 
-from ._base import (
+from .._base import (
     BUTTON_CSS,
     Workspace,
     as_workspace,
@@ -15,7 +15,7 @@ from ._base import (
     in_background,
     wrapping,
 )
-from ._format import md_code, md_problem, md_text
+from .._format import md_code, md_problem, md_text
 
 
 class TreePicker(pn.viewable.Viewer):

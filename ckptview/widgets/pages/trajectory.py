@@ -9,9 +9,9 @@ import param
 import ckptview as cv
 from ckptview.dtypes import is_numeric
 
-from . import plots
-from ._base import form_row, in_background
-from ._format import html_choices, md_code, md_problem, md_text
+from .. import plots
+from .._base import form_row, in_background
+from .._format import html_choices, md_code, md_problem, md_text
 
 STATS = ["l2", "mean", "std", "min", "max", "frac_zero", "n_nan", "n_inf"]
 

@@ -9,7 +9,7 @@ import param
 
 import ckptview as cv
 
-from ._base import built_once, draw_when_seen, reveal, rule
+from ..._base import built_once, draw_when_seen, reveal, rule
 from .detail import VariableDetail
 from .serials import SerialsTable
 from .variables import VariablesTable

@@ -31,7 +31,7 @@ from bokeh.plotting import figure
 
 from ckptview.health import summarize, variable_rules
 
-from ._base import (
+from .._base import (
     BUTTON_CSS,
     Workspace,
     as_workspace,
@@ -40,7 +40,7 @@ from ._base import (
     offer_runs,
     set_notice,
 )
-from ._format import md_problem
+from .._format import md_problem
 
 MAX_ROWS = 60  # variables shown
 MAX_COLS = 200  # serial columns shown (more serials are binned)

@@ -47,7 +47,7 @@ from tornado.routing import Matcher, Rule, RuleRouter
 from tornado.web import Application, GZipContentEncoding, OutputTransform, RequestHandler
 from tornado.websocket import WebSocketHandler
 
-from . import _panel_fixes
+from .. import _panel_fixes
 
 #: the policy of every HTML page; ``{nonce}`` is fresh for each response
 CSP = "; ".join([

@@ -8,8 +8,8 @@ import param
 
 import ckptview as cv
 
-from ._base import BUTTON_CSS, in_background, notice, set_notice, table
-from ._format import md_problem
+from ..._base import BUTTON_CSS, in_background, notice, set_notice, table
+from ..._format import md_problem
 
 SHOWN = ["file", "check", "severity", "message"]
 

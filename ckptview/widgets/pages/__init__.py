@@ -1,0 +1,2 @@
+"""One module (or package) per dashboard tab: Runs, Browse, Compare, Trajectory, Restore,
+Retention, Health."""

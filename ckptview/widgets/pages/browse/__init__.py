@@ -1,0 +1,1 @@
+"""The Browse tab: a run's serials, its variables, a variable's detail and the verify panel."""
