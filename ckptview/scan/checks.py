@@ -51,13 +51,17 @@ def _files(storage: Storage, res: FileResult, codec: Codec) -> dict[str, int] | 
     :data:`SMALL_CHECK`."""
     blob = storage.blob(res.ref.path, res.ref.size)
     out = {res.ref.path: blob.size} if codec.zip_archive else {}
+    if out and blob.size > SMALL_CHECK:
+        return None
     for var in res.variables:
         if var.error:
             continue
         for path, _offset, _length in codec.spans(blob, var) or ():
             if path not in out:
-                out[path] = storage.blob(path).size
-    return out if out and all(0 <= size <= SMALL_CHECK for size in out.values()) else None
+                out[path] = size = storage.blob(path).size
+                if not 0 <= size <= SMALL_CHECK:  # a large shard: no walk over the rest
+                    return None
+    return out or None
 
 
 def small_checks(tree: Tree, storage: Storage, cache: HeaderCache,
@@ -65,7 +69,8 @@ def small_checks(tree: Tree, storage: Storage, cache: HeaderCache,
                  serial_paths: Callable[[], dict[int, list[str]]]) -> dict[int, list[str]]:  # fmt: skip
     """Per serial: the checksum errors of its small files whose framework checks them on
     load (codecs with ``checked_on_load``), as ``file: check: message``; serials without any
-    are left out. Files are checked concurrently on remote storage, each fetched whole."""
+    are left out. Files are checked concurrently on remote storage, each fetched whole; a
+    listed file stops being considered at its first file above :data:`SMALL_CHECK`."""
     todo: list[tuple[FileResult, Codec, dict[str, int]]] = []
     for res in results:
         if not res.codec or res.error or not res.ref.required or not res.variables:
@@ -98,8 +103,8 @@ def small_checks(tree: Tree, storage: Storage, cache: HeaderCache,
     def check(item: tuple) -> list[str]:
         res, codec, _files, _key = item
         name = res.ref.path.rsplit("/", 1)[-1]
-        return [f"{name}: {check}: {message}"
-                for check, severity, message in checksum_problems(storage, res, codec)
+        return [f"{name}: {kind}: {message}"
+                for kind, severity, message in checksum_problems(storage, res, codec)
                 if severity == "error"]  # fmt: skip
 
     def whole(item: tuple) -> list[tuple[Storage, str, int]]:
