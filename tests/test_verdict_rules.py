@@ -360,3 +360,46 @@ def test_reading_a_variable_listed_with_a_parse_error_raises_that_error(tmp_path
     with pytest.raises(ValueError, match="zip|truncat|archive") as err:
         cat.read(row["name"], serial=300)
     assert row["error"][:40] in str(err.value)
+
+
+def test_checks_of_small_files_never_walk_a_large_checkpoint(monkeypatch):
+    """A TF bundle whose shards are above SMALL_CHECK is left on its header verdict without
+    its columnar listing being turned into records or any data shard read for the check."""
+    from ckptview.model import as_columns
+
+    monkeypatch.setattr(checks, "SMALL_CHECK", 16)  # every shard of the corpus run is larger
+    cat = cv.open(corpus_path("tf_orbax/tf/run1"), cache=False)
+    cat.variables  # noqa: B018 - the listing
+    before = cat.storage.counters.bytes_read
+    assert cat.serials["loadable"].all()
+    assert cat.storage.counters.bytes_read == before
+    for res in cat._scan.file_results():
+        columns = as_columns(res.variables)
+        assert columns is not None and columns.materialized is None
+
+
+def test_tf_spans_name_string_tensors_and_slices():
+    """What the checks size: a string tensor's bytes are in a data shard (not unknown)."""
+    from ckptview import registry
+
+    cat = cv.open(corpus_path("tf_orbax/tf/run1"), cache=False)
+    res = cat._scan.file_results()[0]
+    codec = registry.get_codec(res.codec)
+    graph = cat.variable("_CHECKPOINTABLE_OBJECT_GRAPH")
+    span = graph.locator.span
+    got = codec.spans(cat.storage.blob(res.ref.path), graph)
+    assert got == [(span.path, span.offset, span.length)] and ".data-" in span.path
+
+
+def test_a_file_gone_before_its_check_keeps_its_header_verdict(tmp_path):
+    """A small npz deleted between the listing and the serials' verdicts (retention on a live
+    run): the verdicts are formed, nothing is remembered about the file."""
+    run = tmp_path / "npz"
+    run.mkdir()
+    for step in (1, 2):
+        np.savez(run / f"step_{step}.npz", w=np.arange(64, dtype=np.float32) * step)
+    cat = cv.open(run, cache=False)
+    cat.variables  # noqa: B018 - listed
+    (run / "step_2.npz").unlink()
+    serials = cat.serials  # no FileNotFoundError
+    assert list(serials.index) == [1, 2] and serials.loc[1, "loadable"]

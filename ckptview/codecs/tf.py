@@ -184,6 +184,21 @@ class TFBundleCodec(Codec):
     def read(self, blob: Blob, var: VarInfo) -> np.ndarray:
         return _read(blob.storage, var)
 
+    def spans(self, blob: Blob, var: VarInfo) -> list[tuple[str, int, int]] | None:
+        """A string tensor's bytes, or each slice's of a partitioned one, else its span."""
+        loc = var.locator
+        if isinstance(loc, _Strings):
+            return [(loc.span.path, loc.span.offset, loc.span.length)]
+        if isinstance(loc, _Sliced):
+            out: list[tuple[str, int, int]] = []
+            for _, piece in loc.pieces:
+                got = self.spans(blob, piece)
+                if got is None:
+                    return None
+                out += got
+            return out
+        return super().spans(blob, var)
+
     def checksums(self, blob: Blob, variables) -> Iterator[tuple[str, str]]:
         """Each entry's masked crc32c against its bytes (TF's reader refuses a mismatch)."""
         for var in variables:

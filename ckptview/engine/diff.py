@@ -43,10 +43,10 @@ def aligned(chunks_a: Iterable[np.ndarray],
     b: np.ndarray | None = _NONE
     ia = ib = 0
     while True:
-        if ia >= len(a):
+        if a is not None and ia >= len(a):
             a = None
             a, ia = _piece(it_a), 0
-        if ib >= len(b):
+        if b is not None and ib >= len(b):
             b = None
             b, ib = _piece(it_b), 0
         if a is None or b is None:

@@ -358,18 +358,21 @@ def read_members(
     return out
 
 
-def crc_problems(blob: Blob, silent: bool = False,
-                 chunk: int = 4 << 20) -> Iterator[tuple[str, str]]:  # fmt: skip
+def crc_problems(blob: Blob, silent: bool = False, chunk: int = 4 << 20,
+                 transient: tuple[type[BaseException], ...] = ()) -> Iterator[tuple[str, str]]:  # fmt: skip
     """``(severity, message)`` for each member whose CRC-32 (stored and deflated members)
     its bytes fail, or that does not inflate, streamed in ``chunk``-byte reads; ``silent``:
     the framework's reader loads a corrupt member without noticing (torch: a storage's bytes
-    are still an error, any other member a warning)."""
+    are still an error, any other member a warning). Errors of the ``transient`` kinds (a
+    read that failed, not the bytes) are raised, not reported."""
     said = " (torch would load it silently)" if silent else ""
     try:
         directory = read_directory(blob)
         entries = [e for e in directory.values()
                    if e.compress_type in (STORED, DEFLATED) and e.file_size]  # fmt: skip
         starts = locate(blob, entries)
+    except transient:
+        raise
     except Exception as err:  # noqa: BLE001 - the listing reported what it could not read
         yield "error", f"zip directory: {type(err).__name__}: {err}"
         return
@@ -379,6 +382,8 @@ def crc_problems(blob: Blob, silent: bool = False,
             continue
         try:
             crc = member_crc(blob, member, where[0], chunk)
+        except transient:
+            raise
         except Exception as e:  # noqa: BLE001 - a member that does not inflate is the finding
             yield "error", f"{member.filename}: CRC-32 unchecked: {e}{said}"
             continue

@@ -103,6 +103,11 @@ class HeaderCache:
         with self._lock:
             self._pending.append(store)
 
+    @property
+    def pending(self) -> bool:
+        """True while stores put off by :meth:`defer` have not run."""
+        return bool(self._pending)
+
     def _flush(self) -> None:
         if self._pending:
             with self._lock:

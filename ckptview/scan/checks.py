@@ -7,8 +7,10 @@ is at most :data:`SMALL_CHECK` bytes (the first read of a remote file: its bytes
 anyway), the checksums are checked as the serials' verdicts are formed, so ``loadable`` is the
 framework's own answer without a deep verify. Larger files keep their header verdict
 (``verify(deep=True)`` reads them). What was found is kept in the header cache under the
-identities of every file of the serial (like a deep verify's findings): a reopened tree reads
-nothing again.
+identities of every file of the serial (like a deep verify's findings): with the shared or a
+disk cache a reopened tree reads nothing again. The check costs one whole-file read of each
+such file on first open. A read that fails (a file deleted meanwhile, a store's error) leaves
+the file on its header verdict and is not remembered.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .. import registry
 from ..codecs.base import Codec
 from ..formats.zipdir import LOCAL_MAGIC, crc_problems
 from ..io import Storage
+from ..model import as_columns
 from ..tree import Tree
 from .cache import HeaderCache, deep_key
 from .listing import FileResult
@@ -27,40 +30,63 @@ from .listing import FileResult
 SMALL_CHECK = 64 << 10
 
 
-def checksum_problems(storage: Storage, res: FileResult, codec: Codec,
-                      silent: bool = False) -> Iterator[tuple[str, str, str]]:  # fmt: skip
+#: errors of a read, not of the bytes: the file keeps its header verdict, nothing is kept
+TRANSIENT = (OSError, TimeoutError)
+
+
+def checksum_problems(storage: Storage, res: FileResult,
+                      codec: Codec) -> Iterator[tuple[str, str, str]]:  # fmt: skip
     """``(check, severity, message)`` for each checksum of a listed file its bytes fail: the
-    CRC-32 of its members when its codec's files are zip archives (``silent``: the framework
-    loads them unchecked, see
-    :func:`~ckptview.formats.zipdir.crc_problems`) and the format's own
-    (:meth:`Codec.checksums`)."""
+    CRC-32 of its members when its codec's files are zip archives
+    (:func:`~ckptview.formats.zipdir.crc_problems`) and the format's own
+    (:meth:`Codec.checksums`). A read that fails raises (:data:`TRANSIENT`)."""
     blob = storage.blob(res.ref.path, res.ref.size)
     if codec.zip_archive and blob.size >= 4 and blob.head(4) == LOCAL_MAGIC:
-        for severity, message in crc_problems(blob, silent):
+        for severity, message in crc_problems(blob, transient=TRANSIENT):
             yield "crc32", severity, message
     try:
         for name, problem in codec.checksums(blob, res.variables):
             yield "checksum", "error", f"{name}: {problem}"
+    except TRANSIENT:
+        raise
     except Exception as e:  # noqa: BLE001 - a checksum that cannot be read is the finding
         yield "checksum", "error", f"checksum unreadable: {type(e).__name__}: {e}"
 
 
-def _files(storage: Storage, res: FileResult, codec: Codec) -> dict[str, int] | None:
-    """The files a listed file's checks read (its own when it is a zip archive, and those its
-    variables' bytes lie in), with their sizes; None when one is larger than
-    :data:`SMALL_CHECK`."""
+def _data_paths(storage: Storage, res: FileResult, codec: Codec) -> Iterator[str]:
+    """The files a listed file's values lie in: a columnar listing's ``paths`` column (and its
+    rows read through a locator), else each variable's spans (None: its own file)."""
+    columns = as_columns(res.variables)
+    if columns is not None:
+        others = columns.others or {}
+        if columns.paths is None:
+            yield columns.path
+        else:  # a row read through a locator: its own spans below
+            yield from dict.fromkeys(p for i, p in enumerate(columns.paths) if i not in others)
+        variables = list(others.values())
+    else:
+        variables = res.variables
     blob = storage.blob(res.ref.path, res.ref.size)
-    out = {res.ref.path: blob.size} if codec.zip_archive else {}
-    if out and blob.size > SMALL_CHECK:
-        return None
-    for var in res.variables:
+    for var in variables:
         if var.error:
             continue
-        for path, _offset, _length in codec.spans(blob, var) or ():
-            if path not in out:
-                out[path] = size = storage.blob(path).size
-                if not 0 <= size <= SMALL_CHECK:  # a large shard: no walk over the rest
-                    return None
+        spans = codec.spans(blob, var)
+        for path, _offset, _length in spans if spans is not None else [(res.ref.path, 0, 0)]:
+            yield path
+
+
+def _files(storage: Storage, res: FileResult, codec: Codec) -> dict[str, int] | None:
+    """The files a listed file's checks read (its own when it is a zip archive, and those its
+    values lie in), with their sizes; None at the first one larger than
+    :data:`SMALL_CHECK` (a large checkpoint is not walked further)."""
+    out: dict[str, int] = {}
+    if codec.zip_archive:
+        out[res.ref.path] = storage.blob(res.ref.path, res.ref.size).size
+    for path in _data_paths(storage, res, codec):
+        if path not in out:
+            out[path] = storage.blob(path).size
+        if not 0 <= out[path] <= SMALL_CHECK:
+            return None
     return out or None
 
 
@@ -69,8 +95,7 @@ def small_checks(tree: Tree, storage: Storage, cache: HeaderCache,
                  serial_paths: Callable[[], dict[int, list[str]]]) -> dict[int, list[str]]:  # fmt: skip
     """Per serial: the checksum errors of its small files whose framework checks them on
     load (codecs with ``checked_on_load``), as ``file: check: message``; serials without any
-    are left out. Files are checked concurrently on remote storage, each fetched whole; a
-    listed file stops being considered at its first file above :data:`SMALL_CHECK`."""
+    are left out. Files are checked concurrently on remote storage, each fetched whole."""
     todo: list[tuple[FileResult, Codec, dict[str, int]]] = []
     for res in results:
         if not res.codec or res.error or not res.ref.required or not res.variables:
@@ -90,29 +115,40 @@ def small_checks(tree: Tree, storage: Storage, cache: HeaderCache,
     if not todo:
         return {}
     paths = serial_paths()
+    # a private cache defers its first stores (a catalog opened once): not forced here
+    lookups = not (cache.private and cache.pending)
     found: dict[int, list[str]] = {}
     missing = []
     for res, codec, files in todo:
         key = deep_key(cache, tree, res.ref.path, paths.get(res.serial, []), kind="checked")
-        got = cache.get(key)
+        got = cache.get(key) if lookups else None
         if got is None:
             missing.append((res, codec, files, key))
         elif got:
             found.setdefault(res.serial, []).extend(got)
 
-    def check(item: tuple) -> list[str]:
+    def check(item: tuple) -> list[str] | None:
         res, codec, _files, _key = item
         name = res.ref.path.rsplit("/", 1)[-1]
-        return [f"{name}: {kind}: {message}"
-                for kind, severity, message in checksum_problems(storage, res, codec)
-                if severity == "error"]  # fmt: skip
+        try:
+            return [f"{name}: {kind}: {message}"
+                    for kind, severity, message in checksum_problems(storage, res, codec)
+                    if severity == "error"]  # fmt: skip
+        except TRANSIENT:  # not checked: its header verdict stands, nothing is remembered
+            return None
 
     def whole(item: tuple) -> list[tuple[Storage, str, int]]:
         return [(storage, path, size) for path, size in item[2].items() if size > 0]
 
     for item, problems in zip(missing, storage.map_window(check, missing, files=whole,
                                                           inline=lambda _: True)):  # fmt: skip
-        cache.put(item[3], problems)
+        if problems is None:
+            continue
+        key = item[3]
+        if cache.private:
+            cache.defer(lambda key=key, problems=problems: cache.put(key, problems))
+        else:
+            cache.put(key, problems)
         if problems:
             found.setdefault(item[0].serial, []).extend(problems)
     return found

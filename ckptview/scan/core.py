@@ -199,21 +199,20 @@ class Scan:
     def serials(self) -> pd.DataFrame:
         def build() -> pd.DataFrame:
             results = self.logical().results
-            refused = drift(self.tree, results)
-            for serial, found in self._small_checks().items():
-                refused[serial] = [*refused.get(serial, ()), *found]
             return serials_table(self.tree, self.tree_scan, results, read_slimmed(self.tree),
-                                 self._deep_findings(), refused)  # fmt: skip
+                                 self._deep_findings(), drift(self.tree, results),
+                                 self._small_checks())  # fmt: skip
 
         return self._table("serials", build)
 
     def _small_checks(self) -> dict[int, list[str]]:
         """Per serial: the checksums its small files fail where the framework checks them on
         load (:mod:`.checks`); checked once, then kept in the header cache."""
-        if self._checked is None:
-            self._checked = small_checks(self.tree, self.storage, self.cache,
-                                         self.file_results(), self._serial_paths)  # fmt: skip
-        return self._checked
+        with self._lock:
+            if self._checked is None:
+                self._checked = small_checks(self.tree, self.storage, self.cache,
+                                             self.file_results(), self._serial_paths)  # fmt: skip
+            return self._checked
 
     def _serial_paths(self) -> dict[int, list[str]]:
         """Every file path of each serial (its listed files and the others)."""

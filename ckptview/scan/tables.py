@@ -319,7 +319,8 @@ def pickled(variables: Sequence[VarInfo]) -> list[VarInfo]:
 
 
 def verdicts(s: SerialInfo, files: list[FileResult], deep: Sequence[str] = (),
-             misfit: Sequence[str] = ()) -> tuple[bool, str | None, bool, str | None]:  # fmt: skip
+             misfit: Sequence[str] = (),
+             checked: Sequence[str] = ()) -> tuple[bool, str | None, bool, str | None]:  # fmt: skip
     """``(complete, error, loadable, warning)`` of one serial (DESIGN.md §3c).
 
     ``error``: the serial's own problem and those of the files its resume reads; ``warning``:
@@ -330,9 +331,10 @@ def verdicts(s: SerialInfo, files: list[FileResult], deep: Sequence[str] = (),
     warnings = [f"{_name(r)}: {r.error}" for r in files if r.error and not blocking(r)]
     complete = s.complete if s.complete is not None else not errors
     errors += list(misfit)  # shapes the run's model refuses: complete, but it does not load
-    if deep:  # what only the bytes tell: the serial does not load, its files are all there
-        more = f" (+{len(deep) - 3} more)" if len(deep) > 3 else ""
-        errors.append(f"deep verify: {'; '.join(deep[:3])}{more}")
+    for label, found in (("checksums", checked), ("deep verify", deep)):
+        if found:  # what only the bytes tell: the serial does not load, its files are all there
+            more = f" (+{len(found) - 3} more)" if len(found) > 3 else ""
+            errors.append(f"{label}: {'; '.join(found[:3])}{more}")
     bad_vars = [(r, v) for r in files if r.ref.required for v in with_errors(r.variables)]
     errors += [f"{_name(r)}: {v.name or '(array)'}: an object array (a pickle): "
                "np.load(allow_pickle=False) refuses it"
@@ -355,7 +357,8 @@ def verdicts(s: SerialInfo, files: list[FileResult], deep: Sequence[str] = (),
 def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
                   slimmed: dict[int, dict] | None = None,
                   deep: dict[int, list[str]] | None = None,
-                  misfit: dict[int, list[str]] | None = None) -> pd.DataFrame:  # fmt: skip
+                  misfit: dict[int, list[str]] | None = None,
+                  checked: dict[int, list[str]] | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per serial (index: serial); ``latest`` marks :func:`latest_from`'s pick;
     ``slimmed`` serials (optimizer state deleted by retention) are never loadable."""
     by_serial: dict[int, list[FileResult]] = {}
@@ -365,7 +368,8 @@ def serials_table(tree: Tree, found: TreeScan, results: list[FileResult],
     for s in sorted(found.serials, key=lambda s: s.serial):
         files = by_serial.get(s.serial, [])
         complete, error, loadable, warning = verdicts(
-            s, files, (deep or {}).get(s.serial, ()), (misfit or {}).get(s.serial, ()))
+            s, files, (deep or {}).get(s.serial, ()), (misfit or {}).get(s.serial, ()),
+            (checked or {}).get(s.serial, ()))
         if slimmed and s.serial in slimmed:
             freed = int(slimmed[s.serial].get("nbytes", 0))
             note = f"slimmed: optimizer state deleted ({freed} bytes), not a resume point"
