@@ -187,18 +187,25 @@ def flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_small_tf_shard_failing_its_checksum_is_refused_at_open(tmp_path):
-    """TF's reader checks every entry's crc32c: a data shard of at most SMALL_CHECK bytes is
-    checked as the tree is read, so the serial is not loadable without a deep verify; what
-    was found is remembered (a reopened tree reads no data shard again)."""
+def _flipped_tf_entry(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A copy of the modern TF run (latest 400, opened once with a disk cache) with one bit
+    flipped in an entry of serial 400: (run, cache directory, the data shard)."""
     run = copy("modern/tf", tmp_path / "tf") / "run_ckpt"
     cache = tmp_path / "cache"
     cat = cv.open(run, cache=str(cache))
     assert cat.latest == 400
     var = next(v for r in cat._scan.file_results() if r.serial == 400 for v in r.variables
                if v.span is not None and v.span.length > 8)  # fmt: skip
-    assert Path(var.span.path).stat().st_size <= checks.SMALL_CHECK
     flip(Path(var.span.path), var.span.offset + 3)
+    return run, cache, Path(var.span.path)
+
+
+def test_a_small_tf_shard_failing_its_checksum_is_refused_at_open(tmp_path):
+    """TF's reader checks every entry's crc32c: a data shard of at most SMALL_CHECK bytes is
+    checked as the tree is read, so the serial is not loadable without a deep verify; what
+    was found is remembered (a reopened tree reads no data shard again)."""
+    run, cache, shard = _flipped_tf_entry(tmp_path)
+    assert shard.stat().st_size <= checks.SMALL_CHECK
     cat = cv.open(run, cache=str(cache))
     assert not cat.serials.loc[400, "loadable"] and cat.latest == 300
     assert "crc32c checksum does not match" in cat.serials.loc[400, "error"]
@@ -211,13 +218,7 @@ def test_a_small_tf_shard_failing_its_checksum_is_refused_at_open(tmp_path):
 def test_a_tf_checksum_failure_found_by_deep_verify_moves_latest_and_is_remembered(
         tmp_path, monkeypatch):  # fmt: skip
     monkeypatch.setattr(checks, "SMALL_CHECK", 0)  # shards too large to check as it is read
-    run = copy("modern/tf", tmp_path / "tf") / "run_ckpt"
-    cache = tmp_path / "cache"
-    cat = cv.open(run, cache=str(cache))
-    assert cat.latest == 400
-    var = next(v for r in cat._scan.file_results() if r.serial == 400 for v in r.variables
-               if v.span is not None and v.span.length > 8)  # fmt: skip
-    flip(Path(var.span.path), var.span.offset + 3)
+    run, cache, _shard = _flipped_tf_entry(tmp_path)
     cat = cv.open(run, cache=str(cache))
     assert cat.latest == 400  # headers alone cannot see it
     found = cat.verify(deep=True)

@@ -234,7 +234,7 @@ def _give_back(reader: ThreadPoolExecutor) -> None:
     reader.shutdown(wait=False)
 
 
-class _ReadAhead:
+class ReadAhead:
     """An iterator that fetches its next item on a reader thread of its own while the caller
     works on the current one: one item in flight, so memory stays one chunk more per side
     (a caller that lets each item go before asking for the next; see :func:`aligned`)."""
@@ -320,9 +320,9 @@ def compare(a: Side | None, b: Side | None, chunk_bytes: int = CHUNK_BYTES,
             return {**row, "status": status or ("identical" if same else "changed")}
         acc = DiffAccumulator()
         # both sides' next chunks are read concurrently, while the current pair is compared
-        stream_a = _ReadAhead(a.scan.iter_chunks(a.name, a.serial, a.node, chunk_bytes))
+        stream_a = ReadAhead(a.scan.iter_chunks(a.name, a.serial, a.node, chunk_bytes))
         try:
-            stream_b = _ReadAhead(b.scan.iter_chunks(b.name, b.serial, b.node, chunk_bytes))
+            stream_b = ReadAhead(b.scan.iter_chunks(b.name, b.serial, b.node, chunk_bytes))
             try:
                 for xa, xb in aligned(stream_a, stream_b):
                     acc.add(xa, xb)

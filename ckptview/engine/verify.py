@@ -21,10 +21,10 @@ import pandas as pd
 from .. import registry
 from ..dtypes import is_numeric, itemsize, np_dtype, packed_nbytes
 from ..formats.small import loads_json
-from ..formats.zipdir import crc_problems
 from ..io import READ_BUDGET, WHOLE_FILE, Storage
 from ..model import VarInfo
 from ..scan.access import touches, unreadable_dirs
+from ..scan.checks import checksum_problems
 from ..scan.core import Scan
 from ..scan.listing import FileResult
 from ..scan.tables import var_name
@@ -279,18 +279,12 @@ def _deep(scan: Scan, serial: int, res: FileResult) -> Iterator[Finding]:
     url = scan.storage.url(res.ref.path)
     if res.codec is None or res.error:
         return
-    blob = scan.storage.blob(res.ref.path, res.ref.size)
     is_file = not scan.tree.is_dir(scan.tree.rel(res.ref.path))  # Orbax items are directories
-    if is_file and blob.size >= 4 and blob.head(4) == b"PK\x03\x04":
-        silent = res.codec in ("torch", "torch_dcp")  # torch's zip reader skips the CRC-32s
-        yield from _zip_crcs(serial, url, blob, silent)
-    if res.codec is not None:
-        codec = registry.get_codec(res.codec)
-        try:
-            for name, problem in codec.checksums(blob, res.variables):
-                yield serial, url, "checksum", "error", f"{name}: {problem}"
-        except Exception as e:  # noqa: BLE001 - a checksum that cannot be read is the finding
-            yield serial, url, "checksum", "error", f"checksum unreadable: {type(e).__name__}: {e}"
+    silent = res.codec in ("torch", "torch_dcp")  # torch's zip reader skips the CRC-32s
+    problems = checksum_problems(scan.storage, res, registry.get_codec(res.codec),
+                                 any_zip=is_file, silent=silent, chunk=CRC_CHUNK, transient=())  # fmt: skip
+    for check, severity, message in problems:
+        yield serial, url, check, severity, message
     numeric = [var for var in res.variables if not var.error and is_numeric(var.dtype)]
 
     def values(var: VarInfo) -> Finding | None:
@@ -339,10 +333,3 @@ def _data_files(scan: Scan, res: FileResult, variables: list[VarInfo] | None = N
         for path, _offset, _length in [(res.ref.path, 0, 0)] if spans is None else spans:
             out[path] = None
     return list(out)
-
-
-def _zip_crcs(serial: int, url: str, blob, silent: bool = False) -> Iterator[Finding]:
-    """Each member's CRC-32 (stored and deflated ones) against its bytes; ``silent``: the
-    framework's reader would load the corrupt member without noticing (torch)."""
-    for severity, message in crc_problems(blob, silent, CRC_CHUNK):
-        yield serial, url, "crc32", severity, message

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import itemsize
-from ..engine.diff import DiffAccumulator, _ReadAhead
+from ..engine.diff import DiffAccumulator, ReadAhead
 from ..engine.stats import CHUNK_BYTES
 from ..engine.sums import PIECE, ROW, row_squares, scratch, sum_squares
 from ..scan.core import Scan
@@ -359,7 +359,7 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
     known: list[float | None] = []  # Σx² of the lane before, when known (see _reduce)
     dropped = [0.0] * len(streamed)
     before_sumsq: float | None = None
-    heads: list[_ReadAhead] = []
+    heads: list[ReadAhead] = []
     try:
         for pos, i in enumerate(streamed):
             w = wants[i]
@@ -373,7 +373,7 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
                     elif i in wholes:
                         source = _flat_chunks(wholes[i], chunk)
                     else:
-                        head = _ReadAhead(scan.iter_chunks(name, w.serial, node, chunk))
+                        head = ReadAhead(scan.iter_chunks(name, w.serial, node, chunk))
                         heads.append(head)
                         source = head
                     blocks = _blocks(source, n)
@@ -437,17 +437,21 @@ def _measure_group(scan: Scan, node: str, name: str, wants: list[Want], members:
             out["update_error"] = lanes[pos - 1].error or lane.error or "ValueError: unpaired"
 
 
+def known_sumsq(stats: dict | None) -> float | None:
+    """Σx² from an entry's statistics (``l2``, ``n_nan``, ``n_inf``) when they cover every
+    value (no NaN/inf, l2 finite), else None."""
+    if not stats or stats.get("n_nan", 1) or stats.get("n_inf", 1):
+        return None
+    l2 = float(stats.get("l2", math.nan))
+    return l2 * l2 if math.isfinite(l2) else None
+
+
 def _sumsq(want: Want, out: dict, carried: bool) -> float | None:
-    """Σx² of an entry when it is known before its values stream by, and they hold no NaN/inf
-    (then Σx² over every value): from the cache (``want.sumsq``) or, for a group's carried
-    first entry, from the group before."""
+    """Σx² of an entry known before its values stream by: from the cache (``want.sumsq``)
+    or, for a group's carried first entry, from the group before (:func:`known_sumsq`)."""
     if want.sumsq is not None:
         return want.sumsq
-    if carried and out.get("error") is None and "l2" in out:
-        l2, bad = out["l2"], out.get("n_nan", 1) + out.get("n_inf", 1)
-        if bad == 0 and math.isfinite(l2):
-            return l2 * l2
-    return None
+    return known_sumsq(out) if carried and out.get("error") is None else None
 
 
 def _itemsize(dtype: str) -> int:

@@ -19,7 +19,7 @@ from ..engine.stats import CHUNK_BYTES, bounded_map
 from ..scan.cache import FORMAT, CacheKey, HeaderCache
 from ..scan.core import Scan
 from .kept import KEPT
-from .measure import HEALTH_STATS, MEMORY_BYTES, Want, measure_variable
+from .measure import HEALTH_STATS, MEMORY_BYTES, Want, known_sumsq, measure_variable
 from .spectral import SPECTRAL_MAX_NUMEL
 
 SPECTRAL = ["sigma_max", "alpha"]
@@ -201,7 +201,7 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
             p_stats = cache.get(p_key)
             if p_stats is not None or (node, name, int(p)) in in_rows:
                 p_key = None  # cached, or measured as a row of its own: not kept again here
-            want = Want(int(p), shape, str(p_dtype), sumsq=_sumsq(p_stats))
+            want = Want(int(p), shape, str(p_dtype), sumsq=known_sumsq(p_stats))
             plan[int(p)] = (want, None, [p_key, None, None])
         want = Want(serial, shape, dtype, need_stats, need_update, need_spec)
         plan[serial] = (want, len(rows) - 1, [k_stats if need_stats else None,
@@ -247,14 +247,6 @@ def health(scan: Scan, serials: Iterable[int] | None = None, names: Iterable[str
     cols = HEALTH_COLUMNS[:-2] + (SPECTRAL if spectral else []) + ["note", "error"]
     rows.sort(key=lambda r: (r["serial"], r["node"], r["name"]))  # stable
     return _table(rows, cols)
-
-
-def _sumsq(stats: dict | None) -> float | None:
-    """Σx² of cached statistics when they cover every value (no NaN/inf), else None."""
-    if not stats or stats.get("n_nan", 1) or stats.get("n_inf", 1):
-        return None
-    l2 = stats.get("l2", math.nan)
-    return float(l2) * float(l2) if math.isfinite(l2) else None
 
 
 def _table(rows: list[dict], cols: list[str]) -> pd.DataFrame:

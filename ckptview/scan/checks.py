@@ -34,20 +34,24 @@ SMALL_CHECK = 64 << 10
 TRANSIENT = (OSError, TimeoutError)
 
 
-def checksum_problems(storage: Storage, res: FileResult,
-                      codec: Codec) -> Iterator[tuple[str, str, str]]:  # fmt: skip
+def checksum_problems(storage: Storage, res: FileResult, codec: Codec, *, any_zip: bool = False,
+                      silent: bool = False, chunk: int = 4 << 20,
+                      transient: tuple[type[BaseException], ...] = TRANSIENT,
+                      ) -> Iterator[tuple[str, str, str]]:  # fmt: skip
     """``(check, severity, message)`` for each checksum of a listed file its bytes fail: the
-    CRC-32 of its members when its codec's files are zip archives
-    (:func:`~ckptview.formats.zipdir.crc_problems`) and the format's own
-    (:meth:`Codec.checksums`). A read that fails raises (:data:`TRANSIENT`)."""
+    CRC-32 of its members when it is a zip archive (its codec's files are, or ``any_zip``:
+    whatever the codec; ``silent``: the framework loads them unchecked, see
+    :func:`~ckptview.formats.zipdir.crc_problems`), read ``chunk`` bytes at a time, and the
+    format's own (:meth:`Codec.checksums`). Errors of the ``transient`` kinds (a read that
+    failed, not the bytes) are raised; deep verify passes none and reports them."""
     blob = storage.blob(res.ref.path, res.ref.size)
-    if codec.zip_archive and blob.size >= 4 and blob.head(4) == LOCAL_MAGIC:
-        for severity, message in crc_problems(blob, transient=TRANSIENT):
+    if (codec.zip_archive or any_zip) and blob.size >= 4 and blob.head(4) == LOCAL_MAGIC:
+        for severity, message in crc_problems(blob, silent, chunk, transient):
             yield "crc32", severity, message
     try:
         for name, problem in codec.checksums(blob, res.variables):
             yield "checksum", "error", f"{name}: {problem}"
-    except TRANSIENT:
+    except transient:
         raise
     except Exception as e:  # noqa: BLE001 - a checksum that cannot be read is the finding
         yield "checksum", "error", f"checksum unreadable: {type(e).__name__}: {e}"
