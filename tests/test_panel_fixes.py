@@ -137,3 +137,62 @@ def test_a_component_class_made_later_gets_its_resources_listed():
 
 def test_the_resource_cache_is_applied_once():
     assert _panel_fixes.cache_component_resources() is False  # already applied at import
+
+
+# -- the model definitions every page carries ----------------------------------------------------
+def _page_defs() -> list:
+    import json
+
+    import panel as pn
+    import panel_material_ui as pmui
+    from bokeh.core.json_encoder import serialize_json
+
+    doc = Document()
+    doc.add_root(pmui.Page(title="x", main=[pn.Column("x")]).get_root(doc))
+    return json.loads(serialize_json(doc.to_json(deferred=False)))["defs"]
+
+
+def test_model_definitions_are_encoded_once_and_equal_bokehs_own(monkeypatch):
+    """Every page's document defines every data model class of the process (~145 with
+    panel-material-ui); each class is encoded once, and what is sent equals Bokeh's own."""
+    from bokeh.core.has_props import MetaHasProps
+    from bokeh.core.serialization import Serializer
+
+    cached = Serializer._encoders[MetaHasProps]
+    assert getattr(cached, _panel_fixes._DEFINED, False)
+    ours = _page_defs()
+    encoded = []
+    original = cached.__wrapped__
+    monkeypatch.setattr(cached, "__wrapped__", lambda cls, s: encoded.append(cls) or original(cls, s))
+    again = _page_defs()
+    refused = [cls for cls, body in cached.known.items() if body is None]
+    # the next page: no class encoded again but those whose defaults hold a model (a
+    # chat message's), as Bokeh does it
+    assert set(encoded) == set(refused) and len(refused) <= 3 < len(cached.known)
+    monkeypatch.setitem(Serializer._encoders, MetaHasProps, original)  # Bokeh's own encoder
+    own = _page_defs()
+    assert len(own) > 100 and any(d["name"] == "Page1" for d in own)  # not vacuous
+    assert ours == again == own
+
+
+def test_a_class_whose_defaults_hold_a_model_is_encoded_each_time():
+    """A default that is a model (a reference in the document) is not frozen into a cache."""
+    import uuid
+
+    from bokeh.core.has_props import MetaHasProps
+    from bokeh.core.properties import Instance
+    from bokeh.core.serialization import Serializer
+    from bokeh.model import DataModel
+    from bokeh.models import Div
+
+    name = f"CkptviewProbe{uuid.uuid4().hex}"
+    probe = type(name, (DataModel,), {"__qualified_model__": name,
+                                      "part": Instance(Div, default=lambda: Div(text="x"))})  # fmt: skip
+    first, second = (Serializer().encode(probe) for _ in range(2))
+    assert Serializer._encoders[MetaHasProps].known[probe] is None
+    parts = [rep["properties"][0]["default"] for rep in (first, second)]
+    assert parts[0]["name"] == parts[1]["name"] == "Div" and parts[0]["id"] != parts[1]["id"]
+
+
+def test_the_definition_cache_is_applied_once():
+    assert _panel_fixes.cache_model_definitions() is False  # already applied at import

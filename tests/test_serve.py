@@ -337,3 +337,22 @@ def test_num_procs_serves_from_warm_processes_that_stop_with_their_parent(tree):
     for proc in alive:
         proc.kill()
     assert not alive, "a forked server process outlived its parent"
+
+
+def test_served_pages_skip_bokehs_developer_checks(monkeypatch):
+    """Bokeh's checks of callback signatures and of each new document are off when serving,
+    unless the environment sets them (``BOKEH_VALIDATE_DOC=true`` keeps the validation)."""
+    from bokeh.settings import settings
+
+    from ckptview.widgets.shell.server import DEVELOPER_CHECKS, production_settings
+
+    for env in DEVELOPER_CHECKS.values():
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("BOKEH_VALIDATE_DOC", "true")
+    try:
+        assert production_settings() == ["perform_error_diagnostics"]
+        assert settings.perform_error_diagnostics() is False
+        assert settings.perform_document_validation() is True
+    finally:
+        settings.perform_error_diagnostics.unset_value()
+    assert settings.perform_error_diagnostics() is True  # Bokeh's default, outside a server

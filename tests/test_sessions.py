@@ -104,6 +104,9 @@ def test_a_served_page_sends_the_serials_first(demo):
     assert not [k for k in kinds if "Notification" in k], kinds
     assert kinds["Select"] + kinds["CustomSelect"] == 0  # the timeline's chooser waits too
     assert len(models) <= MAX_SERVED_MODELS, (len(models), kinds.most_common(12))
+    # the Browse tab's and the serials': no Column waits for the timeline or the variables
+    # (their placeholder sits in the serials' Column), none holds the picker's button
+    assert kinds["Column"] == 2, kinds
     headers = [m for m in models if "&lt;pre&gt; &lt;/pre&gt;" in str(getattr(m, "text", ""))]
     assert not headers  # no empty header pane per tab
 
@@ -207,18 +210,19 @@ def test_the_tree_picker_is_built_when_its_button_is_clicked(demo, monkeypatch):
     css = lambda m: getattr(m, "css_classes", None) or []  # noqa: E731
     assert not built and not [m for m in doc.models if "ckptview-url" in css(m)]
     assert len([m for m in doc.models if "ckptview-picker-toggle" in css(m)]) == 1
-    slot = page.sidebar[-1]
-    button = slot.objects[0]
+    button = page.sidebar[-1]  # in the sidebar itself, no Column around it
+    assert isinstance(button, pn.widgets.Button)
     with set_curdoc(doc):
         button.clicks += 1
     assert built == [1]
-    form = slot.objects[-1]
+    form = page.sidebar[-1]  # in the button's place
+    assert all(part is not button for part in page.sidebar)
     assert [m for m in doc.models if "ckptview-url" in css(m)]  # the form joined the page
     runs = [m for m in doc.models if "ckptview-runs" in css(m)]
     assert len(runs) == 1 and str(demo) in runs[0].text  # with the trees open
     with set_curdoc(doc):
         button.clicks += 1  # a second click (or the form asked for again) builds nothing
-    assert built == [1] and slot.objects[-1] is form
+    assert built == [1] and page.sidebar[-1] is form
 
 
 def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():

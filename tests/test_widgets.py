@@ -391,12 +391,14 @@ def test_live_notice_is_built_with_the_first_news_under_the_summary(cat, demo):
     table = browser.serials
     column = browser.__panel__()
     assert column is table.view() and column.objects[0] is table.summary
-    assert table.table in column.objects and len(column.objects) == 5  # + chooser, timeline, below
+    # + the chooser, the timeline, and verify, variables and detail with a rule between each
+    assert table.table in column.objects and len(column.objects) == 9
+    assert column.objects[3].css_classes == ["ckptview-timeline"]
     assert browser.poll() == [] and "live" not in table.__dict__  # no news: not built
     add_serial(demo.root, 4, SERIALS)
     assert browser.poll() == [SERIALS]
     assert column.objects[1] is table.live and table.live.visible
-    assert f"new serial {SERIALS}" in table.live.object and len(column.objects) == 6
+    assert f"new serial {SERIALS}" in table.live.object and len(column.objects) == 10
 
 
 def test_lean_tables_build_only_the_cell_models_they_send(monkeypatch):

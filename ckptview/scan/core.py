@@ -76,7 +76,7 @@ class Scan:
         self._found: TreeScan | None = None
         self._results: list[FileResult] | None = None
         self._logical: Logical | None = None
-        self._tables: dict[str, pd.DataFrame] = {}
+        self._tables: dict[str, Any] = {}  # name -> a table (or the warnings), till a refresh
         #: (serial, node, name) -> (position in its file's variables, the file's listing)
         self._index: dict[tuple[int, str, str], tuple[int, FileResult]] = {}
         #: file URL -> the error findings of a deep verify ([] when clean): folded into the
@@ -299,8 +299,9 @@ class Scan:
 
     @property
     def warnings(self) -> list[str]:
-        """Tree-level problems no serial's verdict covers (DESIGN.md §3c)."""
-        return tree_warnings(self.files)
+        """Tree-level problems no serial's verdict covers (DESIGN.md §3c); formed once per
+        listing (every served page's summary names them)."""
+        return list(self._table("warnings", lambda: tree_warnings(self.files)))
 
     @property
     def latest(self) -> int | None:

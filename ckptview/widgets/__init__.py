@@ -25,6 +25,7 @@ from .shell.picker import TreePicker
 
 _panel_fixes.apply()
 _panel_fixes.cache_component_resources()
+_panel_fixes.cache_model_definitions()
 
 __all__ = [
     "AccessRefused", "CompareView", "Dashboard", "Guard", "RestoreView", "RetentionView",

@@ -275,17 +275,24 @@ def served() -> bool:
 _SEEN = "_ckptview_draw_when_seen"
 
 
+def drawn(make: Callable[[], Any]) -> list:
+    """``make()`` as a list of parts (it may return one or several), or a notice of why it
+    could not be drawn."""
+    try:
+        made = make()
+    except Exception as e:  # noqa: BLE001 - the page's other parts still drawn
+        return [notice(md_problem(e, "draw this part"), "danger")]
+    return list(made) if isinstance(made, list) else [made]
+
+
 def _fill(doc, fills: list) -> None:
-    """Build every part of ``fills`` (``(area, make)``) into its area in one batch: one walk of
-    the document's models and one message to the browser for all of them."""
+    """Build every part of ``fills`` (``(put, make)``) into its place in one batch: one walk
+    of the document's models and one message to the browser for all of them."""
     from panel.io.document import hold
 
     with hold(doc, freeze=True):
-        for target, build in fills:
-            try:
-                target.objects = [build()]
-            except Exception as e:  # noqa: BLE001 - the other parts still drawn
-                target.objects = [notice(md_problem(e, "draw this part"), "danger")]
+        for put, make in fills:
+            put(drawn(make))
 
 
 class SeenMarker(ReactiveHTML):
@@ -329,10 +336,12 @@ class SeenMarker(ReactiveHTML):
 
 
 def draw_when_seen(area: pn.layout.ListLike, make: Callable[[], Any], text: str = "",
-                   marker: bool = True) -> None:  # fmt: skip
-    """Fill ``area`` with ``make()``: served, while a page is first built, once the visitor
-    sees ``area`` (scrolled to it, or the page short enough to show it) or :func:`reveal`
-    asks for it; otherwise (a notebook, a page already shown) at once.
+                   marker: bool = True, at: int | None = None) -> None:  # fmt: skip
+    """Fill ``area`` with ``make()`` (a part or a list of parts), or with ``at`` put them into
+    ``area`` at that index, beside what it holds (no Column of their own): served, while a
+    page is first built, once the visitor sees them (scrolled to their place, or the page short
+    enough to show it) or :func:`reveal` asks for it; otherwise (a notebook, a page already
+    shown) at once.
 
     What is below the first screen of a page (the timeline and the variables under the
     serials table) is not built for a visitor who never looks at it: the server's work per
@@ -340,21 +349,33 @@ def draw_when_seen(area: pn.layout.ListLike, make: Callable[[], Any], text: str 
     batch when the first is seen (they are next to each other).
     ``text`` stands in the placeholder meanwhile; ``marker=False``: ``area`` waits for a part
     queued before it on the page (just above it) to be seen, with no placeholder of its own."""
+    mark = None
+
+    def put(parts: list) -> None:
+        if at is None:
+            area.objects = parts
+            return
+        objects = list(area.objects)
+        i = next((k for k, o in enumerate(objects) if o is mark), None)
+        objects[slice(at, at) if i is None else slice(i, i + 1)] = parts
+        area.objects = objects
+
     doc = pn.state.curdoc
     if not served() or pn.state.loaded or getattr(doc, _SEEN, []) is None:
-        area.objects = [make()]
+        put(drawn(make))
         return
     queued = getattr(doc, _SEEN, None)
     if queued is None:
         queued = []
         setattr(doc, _SEEN, queued)
-    queued.append((area, make))
+    queued.append((put, make))
     if not marker and len(queued) > 1:
-        area.objects = []
+        if at is None:
+            area.objects = []
         return
     mark = SeenMarker(text=text, sizing_mode="stretch_width", margin=(5, 10))
     mark.param.watch(lambda event: doc.add_next_tick_callback(lambda: reveal(doc)), "seen")
-    area.objects = [mark]
+    put([mark])
 
 
 def reveal(doc=None) -> bool:

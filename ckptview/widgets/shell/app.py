@@ -66,7 +66,8 @@ class Dashboard(pn.viewable.Viewer):
         self.tab_names = ["Runs", *TABS] if experiment is not None else list(TABS)
         self.runs_view = (RunsView(experiment, on_open=self.open_run, workspace=workspace)
                           if experiment is not None else None)  # fmt: skip
-        self._picker_slot: pn.Column | None = None  # the sidebar's place of the tree picker
+        self._picker_button: pn.widgets.Button | None = None  # the sidebar's, until clicked
+        self._sidebar_hosts: list[tuple[object, str]] = []  # (layout, its list) showing it
         self._views: dict[str, pn.viewable.Viewer] = {}  # tab name -> its view, once built
         self._browsers: dict[str, RunBrowser] = {}
         self._trajectories: dict[str, TrajectoryPlot] = {}
@@ -249,6 +250,7 @@ class Dashboard(pn.viewable.Viewer):
             )
 
     def sidebar(self) -> list:
+        """The sidebar's parts; whoever lays them out says where with :meth:`host_sidebar`."""
         mode = (
             "**write access enabled**: restore and retention can change trees"
             if self.workspace.allow_write
@@ -259,10 +261,15 @@ class Dashboard(pn.viewable.Viewer):
                           css_classes=["ckptview-mode"]),
             pn.widgets.RadioBoxGroup.from_param(self.param.run, label="run",
                                                 css_classes=["ckptview-run-select"]),
-            self._picker_area(),
+            self._picker_toggle(),
         ]  # fmt: skip
 
-    def _picker_area(self) -> pn.Column:
+    def host_sidebar(self, layout, attr: str = "objects") -> None:
+        """``layout``'s list ``attr`` holds the parts of :meth:`sidebar` (the button of the
+        tree picker is replaced there by the picker)."""
+        self._sidebar_hosts.append((layout, attr))
+
+    def _picker_toggle(self) -> pn.widgets.Button:
         """A button that opens the tree picker (:meth:`open_picker`) in its place.
 
         The form (two text inputs, its button, the list of open trees) is used by few
@@ -270,22 +277,28 @@ class Dashboard(pn.viewable.Viewer):
         button = pn.widgets.Button(label="Open another tree…", color="primary", variant="outline",
                                    css_classes=["ckptview-picker-toggle"],
                                    sizing_mode="stretch_width")  # fmt: skip
-        self._picker_slot = pn.Column(button, sizing_mode="stretch_width")
+        self._picker_button = button
         button.on_click(lambda event: self.open_picker())
-        return self._picker_slot
+        return button
 
     def open_picker(self) -> TreePicker:
-        """Show the tree picker in the sidebar (what its button does); the picker."""
+        """Show the tree picker in the sidebar, in its button's place (what the button
+        does); the picker."""
         picker = self.picker
-        slot = self._picker_slot
-        if slot is not None and picker not in slot.objects:
-            slot.objects = [pn.pane.Markdown("#### Open another tree"), picker]
+        button = self._picker_button
+        for layout, attr in self._sidebar_hosts:
+            parts = list(getattr(layout, attr))
+            at = next((i for i, part in enumerate(parts) if part is button), None)
+            if at is not None:
+                parts[at:at + 1] = [pn.pane.Markdown("#### Open another tree"), picker]
+                setattr(layout, attr, parts)
         return picker
 
     def __panel__(self):
         self.start_polling()
-        return pn.Row(pn.Column(*self.sidebar(), width=320), self.tabs,
-                      sizing_mode="stretch_width")  # fmt: skip
+        side = pn.Column(*self.sidebar(), width=320)
+        self.host_sidebar(side)
+        return pn.Row(side, self.tabs, sizing_mode="stretch_width")
 
 
 class _NoHeader(pn.viewable.Viewable):
@@ -433,6 +446,7 @@ def build_app(urls: list[str], allow_write: bool = False, poll_seconds: float = 
         sidebar=dashboard.sidebar(), sidebar_width=300, theme_config=THEME,
         main=[*problems, dashboard.tabs],
     )  # fmt: skip
+    dashboard.host_sidebar(page, "sidebar")
     own_busy(page)
     if pending:
         follow_loads(pending, page, workspace)

@@ -20,6 +20,9 @@
   resources of modules already loaded (:func:`ckptview.widgets._panel_fixes.refuse_module_imports`);
 - serves panel-material-ui's icon stylesheet without the Roboto faces it declares with no
   ``unicode-range`` (:class:`RobotoRanges`): a fresh page fetches 2 font files, not 16;
+- turns off Bokeh's developer checks that run on every page (:func:`production_settings`:
+  callback signatures checked on each model's ``on_change``, the document validated; a tenth
+  of a page's server time) unless their ``BOKEH_*`` variables are set;
 - with ``--num-procs N`` and ``--warm``: each of the N processes runs the app once before it
   takes its first page (Panel, on Python < 3.12, warms only the parent before it forks, without
   running the app: each process then catalogued the trees on its first page), and a process
@@ -365,8 +368,27 @@ class HardenedServe(Serve):
         return super().customize_server(server)
 
 
+#: Bokeh's developer checks, off when serving unless their environment variable is set:
+#: ``on_change`` checks each callback's signature (Panel registers one per synced property of
+#: every model of every page) and each new page's document is validated (warnings in the log)
+DEVELOPER_CHECKS = {"perform_error_diagnostics": "BOKEH_PERFORM_ERROR_DIAGNOSTICS",
+                    "perform_document_validation": "BOKEH_VALIDATE_DOC"}  # fmt: skip
+
+
+def production_settings() -> list[str]:
+    """Turn off :data:`DEVELOPER_CHECKS` whose variable the environment does not set; the
+    settings turned off. ``BOKEH_VALIDATE_DOC=true`` brings the layout warnings back."""
+    from bokeh.settings import settings
+
+    off = [name for name, env in DEVELOPER_CHECKS.items() if env not in os.environ]
+    for name in off:
+        getattr(settings, name).set_value(False)
+    return off
+
+
 def main(argv: list[str] | None = None) -> None:
     """``panel serve`` with :class:`HardenedServe` (same arguments)."""
+    production_settings()
     parser = argparse.ArgumentParser(prog="ckptview-server")
     command = HardenedServe(parser=parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -9,7 +9,7 @@ import param
 
 import ckptview as cv
 
-from ..._base import built_once, draw_when_seen, reveal, rule
+from ..._base import built_once, reveal, rule
 from .detail import VariableDetail
 from .serials import SerialsTable
 from .variables import VariablesTable
@@ -90,15 +90,9 @@ class RunBrowser(pn.viewable.Viewer):
 
     @built_once
     def __panel__(self):
-        # served, the first screen holds the serials; the serial's variables are built once
-        # the visitor scrolls to them (or clicks a serial): a page that is only glanced at
-        # never builds them
-        below = pn.Column(sizing_mode="stretch_width")
-        # the serials first: their timeline's placeholder is the one seen; in their Column
-        # (one Column less per page)
-        column = self.serials.view(below)
-        draw_when_seen(below, lambda: pn.Column(self.verify, rule(), self.variables,
-                                                rule(), self.detail,
-                                                sizing_mode="stretch_width"),
-                       text="Loading the variables…", marker=False)  # fmt: skip
-        return column
+        # served, the first screen holds the serials; the serial's variables are built with
+        # the serials' timeline once the visitor scrolls to it (or clicks a serial): a page
+        # that is only glanced at never builds them; all in the serials' Column (no Column
+        # of their own)
+        return self.serials.view(lambda: [self.verify, rule(), self.variables, rule(),
+                                          self.detail])  # fmt: skip

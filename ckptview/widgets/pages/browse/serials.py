@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 import pandas as pd
 import panel as pn
@@ -13,6 +15,7 @@ import ckptview as cv
 from ... import figures
 from ..._base import (
     draw_when_seen,
+    drawn,
     in_background,
     notice,
     refresh_if_changed,
@@ -335,23 +338,26 @@ class SerialsTable(pn.viewable.Viewer):
         """What the timeline plots, and the timeline."""
         self.y_select = pn.widgets.Select.from_param(self.param.y, label="timeline", width=200,
                                                      css_classes=["ckptview-timeline-y"])  # fmt: skip
-        return pn.Column(self.y_select, self._timeline_pane(), sizing_mode="stretch_width")
+        return pn.Column(self.y_select, self._timeline_pane(), sizing_mode="stretch_width",
+                         css_classes=["ckptview-timeline"])  # fmt: skip
 
-    def view(self, *below) -> pn.Column:
-        """The summary, the column chooser, the table and the timeline, then ``below`` (what
-        a page shows under them: in the same Column, not one more nested); built once (a
-        second call returns it as built), polling started.
+    def view(self, *later: Callable[[], Any]) -> pn.Column:
+        """The summary, the column chooser, the table and the timeline, then what each of
+        ``later`` makes (what a page shows under them: in the same Column, not one more
+        nested); built once (a second call returns it as built), polling started.
 
-        Served, the timeline is built once the visitor scrolls to it."""
+        Served, the timeline and ``later``'s parts are built once the visitor scrolls to them
+        (their placeholder sits in the Column: no Column waits for them)."""
         self.start_polling()
         if self._column is None:
-            plot = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-timeline"])
-            draw_when_seen(plot, self._timeline_part, text="Loading…")
             chooser = pn.widgets.MultiChoice.from_param(
                 self.param.columns, label="columns", sizing_mode="stretch_width",
                 css_classes=["ckptview-columns"],
             )  # fmt: skip
             news = [self.live] if "live" in self.__dict__ else []  # built before it was shown
-            self._column = pn.Column(self.summary, *news, chooser, self.table, plot, *below,
+            self._column = pn.Column(self.summary, *news, chooser, self.table,
                                      sizing_mode="stretch_width")  # fmt: skip
+            draw_when_seen(self._column, lambda: [part for make in (self._timeline_part, *later)
+                                                  for part in drawn(make)],
+                           text="Loading…", at=len(self._column.objects))  # fmt: skip
         return self._column
