@@ -242,11 +242,16 @@ def name_min_width(names, font: str = "wide") -> int:
 
 
 def metrics_wide(cat) -> pd.DataFrame:
-    """``cat.metrics`` pivoted to one column per metric (index: serial)."""
+    """``cat.metrics`` pivoted to one column per metric (index: serial); made once per catalog
+    state and shared (every page's serials table asks): read it, do not change it."""
     m = cat.metrics
-    if m.empty:
-        return pd.DataFrame(index=pd.Index([], name="serial", dtype="int64"))
-    return m.pivot_table(index="serial", columns="name", values="value", aggfunc="last")
+
+    def make() -> pd.DataFrame:
+        if m.empty:
+            return pd.DataFrame(index=pd.Index([], name="serial", dtype="int64"))
+        return m.pivot_table(index="serial", columns="name", values="value", aggfunc="last")
+
+    return once_per_tables("metrics wide", (m,), make)
 
 
 SERIAL_VIEW_COLUMNS = {"serial", "status", "size", "nbytes", "time", "epoch", "step", "files",

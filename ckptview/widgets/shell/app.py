@@ -351,7 +351,28 @@ class TextTabs(pmui.Tabs):
     def _get_child_model(self, child, doc, root, parent, comm):
         if child is self._headers and all(h is _NO_HEADER for h in child):
             return [], []
+        if child is self.objects and self.dynamic:
+            return self._shown_models(child, doc, root, parent, comm)
         return super()._get_child_model(child, doc, root, parent, comm)
+
+    def _shown_models(self, child, doc, root, parent, comm) -> tuple[list, list]:
+        """The tabs' models when only the shown tab is drawn: its content, and one Spacer
+        standing for every other tab (``pmui.Tabs`` builds a Spacer per tab; the browser
+        draws the shown tab's content only)."""
+        from bokeh.models import Spacer
+        from panel_material_ui.layout.base import _acquire_model
+
+        ref = root.ref["id"]
+        models, old, spacer = [], [], None
+        for i, obj in enumerate(child):
+            if not self._is_active(i):
+                spacer = spacer or Spacer()
+                models.append(spacer)
+                continue
+            if ref in obj._models:
+                old.append(obj._models[ref][0])
+            models.append(_acquire_model(obj, doc, root, parent, comm))
+        return models, old
 
 
 def server_executor() -> IsolatedExecutor:

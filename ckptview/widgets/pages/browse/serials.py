@@ -86,20 +86,21 @@ class SerialsTable(pn.viewable.Viewer):
         self._set_choices()
         self.summary = pn.pane.Markdown(self._summary(),
                                         **wrapping(css_classes=["ckptview-summary"]))  # fmt: skip
+        latest = catalog.latest
+        if latest is None and len(self.frame):
+            latest = int(self.frame["serial"].iloc[-1])
+        row = self._row(latest)
         self.table = table(
             self._shown(), titles=self._titles(), pagination="remote", page_size=self.page_size,
-            selectable=1,
+            selectable=1, selection=[] if row is None else [row],
             header_align="left", css_classes=["ckptview-serials"],
             formatters={"status": {"type": "html"}, "size": size_formatter(),
                         **{c: {"type": "textarea"} for c in ("nodes", "error", "warning")}},
                 **self._sizing(), text_align={"size": "right"},
         )  # fmt: skip
         self.table.param.watch(self._on_select, "selection")
-        latest = catalog.latest
-        if latest is None and len(self.frame):
-            latest = int(self.frame["serial"].iloc[-1])
-        if latest is not None:
-            self.select(latest)
+        if row is not None:  # selected as the table was made (no second update of it)
+            self.selected = latest
         self._callback = None
         self.updated: list[int] = []  # serials new or changed at the last sync
 
@@ -199,11 +200,16 @@ class SerialsTable(pn.viewable.Viewer):
         return text
 
     # -- selection ----------------------------------------------------------------------------
+    def _row(self, serial: int | None) -> int | None:
+        """The table's row of ``serial``, if shown."""
+        hit = self.frame.index[self.frame["serial"] == int(serial)] if serial is not None else []
+        return int(hit[0]) if len(hit) else None
+
     def select(self, serial: int) -> None:
         """Select ``serial`` as if its row had been clicked."""
-        hit = self.frame.index[self.frame["serial"] == int(serial)]
-        if len(hit):
-            self.table.selection = [int(hit[0])]
+        row = self._row(serial)
+        if row is not None:
+            self.table.selection = [row]
 
     def _on_select(self, event) -> None:
         if event.new and event.new[0] < len(self.frame):
