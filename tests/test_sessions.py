@@ -108,6 +108,7 @@ def test_a_served_page_sends_the_serials_first(demo):
     # (their placeholder sits in the serials' Column), none holds the picker's button; one
     # Spacer stands for the five tabs not shown
     assert kinds["Column"] == 2 and kinds["Spacer"] == 1, kinds
+    assert kinds["Tooltip"] == 0, kinds  # the column chooser's label says what it is
     headers = [m for m in models if "&lt;pre&gt; &lt;/pre&gt;" in str(getattr(m, "text", ""))]
     assert not headers  # no empty header pane per tab
 

@@ -356,9 +356,9 @@ class SerialsTable(pn.viewable.Viewer):
         (their placeholder sits in the Column: no Column waits for them)."""
         self.start_polling()
         if self._column is None:
-            chooser = pn.widgets.MultiChoice.from_param(
+            chooser = pn.widgets.MultiChoice.from_param(  # its label says it: no tooltip model
                 self.param.columns, label="columns", sizing_mode="stretch_width",
-                css_classes=["ckptview-columns"],
+                css_classes=["ckptview-columns"], description=None,
             )  # fmt: skip
             news = [self.live] if "live" in self.__dict__ else []  # built before it was shown
             self._column = pn.Column(self.summary, *news, chooser, self.table,
