@@ -228,6 +228,19 @@ def test_the_tree_picker_is_built_when_its_button_is_clicked(demo, monkeypatch):
     assert built == [1] and page.sidebar[-1] is form
 
 
+def test_the_picker_opens_in_place_of_each_of_its_buttons_in_a_notebook(demo):
+    """Shown twice in a notebook (two sidebars, two buttons), a click on either opens the
+    picker in both sidebars, in the buttons' place."""
+    dash = Dashboard(Workspace([cv.open(str(demo))]), poll_seconds=0)
+    sides = [dash.__panel__().objects[0], dash.__panel__().objects[0]]
+    buttons = [side.objects[-1] for side in sides]
+    assert all(isinstance(b, pn.widgets.Button) for b in buttons)
+    buttons[0].clicks += 1
+    for side in sides:
+        assert len(side.objects) == 4 and all(p is not b for p in side.objects for b in buttons)
+        assert "Open another tree" in side.objects[2].object
+
+
 def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():
     """One part drawn once seen raising does not keep the others (same batch) off the page."""
     from ckptview.widgets._base import draw_when_seen

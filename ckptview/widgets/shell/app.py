@@ -66,7 +66,7 @@ class Dashboard(pn.viewable.Viewer):
         self.tab_names = ["Runs", *TABS] if experiment is not None else list(TABS)
         self.runs_view = (RunsView(experiment, on_open=self.open_run, workspace=workspace)
                           if experiment is not None else None)  # fmt: skip
-        self._picker_button: pn.widgets.Button | None = None  # the sidebar's, until clicked
+        self._picker_buttons: list[pn.widgets.Button] = []  # in the sidebar(s), till clicked
         self._sidebar_hosts: list[tuple[object, str]] = []  # (layout, its list) showing it
         self._views: dict[str, pn.viewable.Viewer] = {}  # tab name -> its view, once built
         self._browsers: dict[str, RunBrowser] = {}
@@ -277,7 +277,7 @@ class Dashboard(pn.viewable.Viewer):
         button = pn.widgets.Button(label="Open another tree…", color="primary", variant="outline",
                                    css_classes=["ckptview-picker-toggle"],
                                    sizing_mode="stretch_width")  # fmt: skip
-        self._picker_button = button
+        self._picker_buttons.append(button)
         button.on_click(lambda event: self.open_picker())
         return button
 
@@ -285,10 +285,10 @@ class Dashboard(pn.viewable.Viewer):
         """Show the tree picker in the sidebar, in its button's place (what the button
         does); the picker."""
         picker = self.picker
-        button = self._picker_button
+        buttons = {id(b) for b in self._picker_buttons}
         for layout, attr in self._sidebar_hosts:
             parts = list(getattr(layout, attr))
-            at = next((i for i, part in enumerate(parts) if part is button), None)
+            at = next((i for i, part in enumerate(parts) if id(part) in buttons), None)
             if at is not None:
                 parts[at:at + 1] = [pn.pane.Markdown("#### Open another tree"), picker]
                 setattr(layout, attr, parts)
