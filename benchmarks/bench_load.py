@@ -10,7 +10,9 @@ peer (``benchmarks/peer_table_app.py``). Measured for each, in one run:
 
 * ``--pages`` page loads one after another (a fresh browser context each, so nothing cached):
   the server process's CPU seconds per page (everything it does for one visitor: the page,
-  its resources, the WebSocket session) and the time from navigation to the first serial row;
+  its resources, the WebSocket session), Chromium's (all its processes: what the page costs
+  the machine when the browser shares its cores) and the time from navigation to the first
+  serial row;
   then, once those sessions were discarded, ``--visits`` visits of the protocol client (below)
   one after another: the server's CPU seconds per page without the page's resources and
   without discarding its session (steadier: no browser on the same cores);
@@ -68,6 +70,19 @@ def rss_mib(pid: int) -> float:
 def cpu_s(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
     return t.user + t.system
+
+
+def browser_cpu_s() -> float:
+    """CPU seconds of the Chromium processes this benchmark started (its descendants)."""
+    total = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in proc.name():
+                t = proc.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:  # a renderer that ended meanwhile: its time is not counted
+            continue
+    return total
 
 
 def pct(values: list[float], q: float) -> float:
@@ -129,9 +144,10 @@ async def measure(app: Path, tree: Path, args, browser) -> dict:
     try:
         await first_row(browser, server.url)  # the first visitor: resources compressed, caches
         base = rss_mib(pid)
-        c0 = cpu_s(pid)
+        c0, b0 = cpu_s(pid), browser_cpu_s()
         alone = [await first_row(browser, server.url) for _ in range(args.pages)]
         out["cpu"] = (cpu_s(pid) - c0) / args.pages
+        out["browser"] = (browser_cpu_s() - b0) / args.pages
         out["alone"] = alone
         await asyncio.sleep(DISCARDED)  # the pages' sessions discarded (not counted below)
         c0 = cpu_s(pid)
@@ -172,7 +188,8 @@ def row(name: str, r: dict, args) -> list[str]:
     waves = r["rss"][2:]  # after each wave (the first: sessions' one-time costs)
     per = ((waves[-1] - waves[0]) / ((len(waves) - 1) * args.sessions) * 1024
            if len(waves) > 1 else float("nan"))  # fmt: skip
-    return [name, f"{r['cpu']:.2f}", f"{r['cpu_client']:.3f}", f"{statistics.median(a):.2f}",
+    return [name, f"{r['cpu']:.2f}", f"{r['cpu_client']:.3f}", f"{r['browser']:.2f}",
+            f"{statistics.median(a):.2f}",
             f"{statistics.median(g):.2f} / {pct(g, .95):.2f}",
             f"{statistics.median(s):.2f} / {pct(s, .95):.2f} ({len(s)})",
             " → ".join(f"{m:.0f}" for m in r["rss"]), f"{per:.0f}"]  # fmt: skip
@@ -195,12 +212,12 @@ async def run(args) -> None:
           f"{args.gets} GETs at once; "
           f"{args.waves} waves of {args.sessions} browser sessions at once\n")
     print("| app | server CPU per page, Chromium (s) | server CPU per page, protocol client (s) "
-          "| first row, alone, median (s) "
+          "| Chromium's CPU per page (s) | first row, alone, median (s) "
           f"| {args.gets} GETs at once: p50 / p95 (s) "
           f"| {args.sessions} sessions at once, first row: p50 / p95 (s) (loads) "
           "| server RSS: start → before the waves → after each (MiB) "
           "| growth per discarded session, waves 2..n (KiB) |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for name, r in results.items():
         print("| " + " | ".join(row(name, r, args)) + " |")
     print(f"\n{args.waves} waves of {args.sessions} visitors at once asking what a browser asks "
@@ -211,8 +228,10 @@ async def run(args) -> None:
     for name, r in results.items():
         print("| " + " | ".join(visits_row(name, r)) + " |")
     ours, peer = results["ckptview"], results["one Tabulator (peer)"]
+    whole = [(r["cpu"] + r["browser"]) for r in (ours, peer)]
     print(f"\nratios to the peer: CPU per page {ours['cpu'] / peer['cpu']:.2f}× (protocol client "
-          f"{ours['cpu_client'] / peer['cpu_client']:.2f}×), first row alone "
+          f"{ours['cpu_client'] / peer['cpu_client']:.2f}×), server and Chromium per page "
+          f"{whole[0] / whole[1]:.2f}×, first row alone "
           f"{statistics.median(ours['alone']) / statistics.median(peer['alone']):.2f}×, "
           f"p95 under {args.sessions} sessions "
           f"{pct(ours['sessions'], .95) / pct(peer['sessions'], .95):.2f}×, p95 of the document "

@@ -42,6 +42,9 @@ class Recorder:
 
     def __init__(self, page: Page) -> None:
         self.page, self.console, self.failed = page, [], []
+        self.bundles: list[str] = []  # how panel-material-ui's bundle was requested
+        page.on("request", lambda r: "panel-material-ui.bundle.js" in r.url
+                and self.bundles.append(r.resource_type))  # fmt: skip
         page.add_init_script(RECORD_CSP)
         page.on("console", lambda m: m.type == "error" and self.console.append(m.text))
         page.on("requestfailed", lambda r: r.resource_type == "script"
@@ -150,6 +153,8 @@ def test_every_tab_works_and_an_injected_script_is_blocked(page: Page, demo_serv
     expect(page.locator(".ckptview-vars-heading")).to_contain_text("Serial 1", timeout=WAIT)
     page.wait_for_timeout(1000)
     assert seen.violations() == [] and seen.csp_errors() == [] and seen.failed == []
+    # loaded by the browser's import() (a script), never read by es-module-shims (a fetch)
+    assert seen.bundles and set(seen.bundles) == {"script"}, seen.bundles
     page.evaluate("""() => { const s = document.createElement('script');
         s.textContent = 'window.__pwned_injected = 1'; document.body.appendChild(s) }""")
     page.wait_for_timeout(500)

@@ -196,3 +196,32 @@ def test_a_class_whose_defaults_hold_a_model_is_encoded_each_time():
 
 def test_the_definition_cache_is_applied_once():
     assert _panel_fixes.cache_model_definitions() is False  # already applied at import
+
+
+def test_pages_start_es_module_shims_in_polyfill_mode_and_keep_the_rest(monkeypatch):
+    """The page's resources as Panel renders them, but for the shim's options (once)."""
+    from panel.io import resources
+
+    monkeypatch.setattr(resources, "JS_RESOURCES", resources.JS_RESOURCES)  # restored after
+    panels = resources.JS_RESOURCES
+    parts = {"js_raw": ["var x = 1"], "js_files": ["a.js"], "js_modules": ["m.js"],
+             "hashes": {}, "js_module_exports": {"lib": "lib.js"}}  # fmt: skip
+    before = panels.render(**parts)
+    assert _panel_fixes.SHIM_MODE in before
+    assert _panel_fixes.load_modules_natively() is True
+    assert _panel_fixes.load_modules_natively() is False  # applied once
+    after = resources.JS_RESOURCES.render(**parts)
+    assert after == before.replace(_panel_fixes.SHIM_MODE, _panel_fixes.POLYFILL_MODE)
+    assert after != before
+
+
+def test_a_template_without_shim_mode_is_left_as_panel_has_it(monkeypatch):
+    from panel.io import resources
+
+    plain = resources._env.from_string("<script src='x.js'></script>")
+    plain.name = "js_resources.html"
+    monkeypatch.setattr(resources, "JS_RESOURCES", plain)
+    monkeypatch.setattr(resources._env.loader, "get_source",
+                        lambda env, name: ("<script src='x.js'></script>", None, None))  # fmt: skip
+    assert _panel_fixes.load_modules_natively() is False
+    assert resources.JS_RESOURCES is plain

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import gzip
 import http.client
+import json
 import os
 import re
 import subprocess
@@ -136,6 +137,14 @@ def test_the_page_carries_a_content_security_policy(served):
     assert response.getheader("X-Frame-Options") == "DENY"
     again = get(served.port).getheader("Content-Security-Policy")
     assert nonce not in again  # a fresh nonce per page
+
+
+def test_the_page_has_the_browser_load_its_modules(served):
+    """es-module-shims in polyfill mode: a module is the browser's ``import()``, not a copy the
+    shim lexed into a ``blob:`` URL (the Chromium side: ``test_browser_csp``)."""
+    body = get(served.port).body.decode()
+    options = re.findall(r'<script[^>]*type="esms-options"[^>]*>([^<]*)</script>', body)
+    assert [json.loads(o) for o in options] == [{"shimMode": False}]  # Panel's: true
 
 
 def test_the_page_and_its_resources_are_compressed_when_asked(served):
