@@ -4,7 +4,12 @@ resources), visits interleaved one to each server in turn so the machine's drift
 three alike.
 
     git archive OLD | tar -x -C /tmp/before; git archive NEW | tar -x -C /tmp/after
-    .venv/bin/python benchmarks/bench_cpu_ab.py /tmp/before /tmp/after [--visits 60]
+    .venv/bin/python benchmarks/bench_cpu_ab.py /tmp/before /tmp/after [--visits 60] [--chromium]
+
+``--chromium``: each visit is a page opened in Debian's Chromium instead (a fresh context, until
+the first serial row, then its load and 1.5 s, as ``bench_load.py``), and Chromium's CPU per
+page (all its processes) is reported beside the server's: what a page costs a 2-core machine
+when the browsers share it (the 20-session p95 of ``bench_load.py``).
 
 Each tree is served by its own ``python -m ckptview.widgets app/ckptview_app.py --warm`` (the
 peer, ``benchmarks/peer_table_app.py``, from the second tree); the CPU of each server process
@@ -27,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bench_load import DISCARDED, LIFETIME, cpu_s, visit  # noqa: E402
-from conftest import free_port  # noqa: E402
+from bench_load import DISCARDED, LIFETIME, cpu_s, first_row, visit  # noqa: E402
+from conftest import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
 
 from ckptview.demo import write_demo  # noqa: E402
 
@@ -59,20 +64,34 @@ async def run(args) -> None:
         "after": start(after, after / "app" / "ckptview_app.py", tree),
         "peer": start(after, after / "benchmarks" / "peer_table_app.py", tree),
     }
+    pw = browser = None
+    if args.chromium:
+        from playwright.async_api import async_playwright
+
+        pw = await async_playwright().start()
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+    async def page(url: str, chromium: list[float] | None = None) -> None:
+        await (first_row(browser, url, chromium) if browser else visit(url))
+
     try:
         for _, url in servers.values():
             for _ in range(3):  # first pages: resources, caches
-                await visit(url)
+                await page(url)
         await asyncio.sleep(DISCARDED)
         used: dict[str, list[float]] = {name: [] for name in servers}
+        chromium: dict[str, list[float]] = {name: [] for name in servers}
         for i in range(args.visits):
             for name, (proc, url) in servers.items():
                 c0 = cpu_s(proc.pid)
-                await visit(url)
+                await page(url, chromium[name])
                 used[name].append(cpu_s(proc.pid) - c0)
             if i % 20 == 19:
                 await asyncio.sleep(DISCARDED)
     finally:
+        if browser:
+            await browser.close()
+            await pw.stop()
         for proc, _ in servers.values():
             proc.terminate()
         for proc, _ in servers.values():
@@ -82,6 +101,14 @@ async def run(args) -> None:
         print(f"{name}: {mean[name] * 1000:.1f} ms per page (mean of {len(v)} visits)")
     print(f"after/before {mean['after'] / mean['before']:.3f}; before {mean['before'] / mean['peer']:.2f}x "
           f"the peer, after {mean['after'] / mean['peer']:.2f}x")  # fmt: skip
+    if args.chromium:
+        whole = {name: mean[name] + statistics.mean(chromium[name]) for name in servers}
+        for name in servers:
+            print(f"{name}: Chromium {statistics.mean(chromium[name]) * 1000:.0f} ms per page, "
+                  f"server and Chromium {whole[name] * 1000:.0f} ms")
+        print(f"server and Chromium: after/before {whole['after'] / whole['before']:.3f}; before "
+              f"{whole['before'] / whole['peer']:.2f}x the peer, after "
+              f"{whole['after'] / whole['peer']:.2f}x")
 
 
 def main(argv=None) -> None:
@@ -89,6 +116,7 @@ def main(argv=None) -> None:
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("--visits", type=int, default=60)
+    p.add_argument("--chromium", action="store_true", help="pages in Chromium, its CPU too")
     asyncio.run(run(p.parse_args(argv)))
 
 
