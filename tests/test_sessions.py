@@ -241,6 +241,19 @@ def test_the_picker_opens_in_place_of_each_of_its_buttons_in_a_notebook(demo):
         assert "Open another tree" in side.objects[2].object
 
 
+def test_a_notebook_showing_the_dashboard_again_does_not_keep_the_old_sidebars(demo):
+    """Each display makes a sidebar and a button; those of outputs gone are not held."""
+    dash = Dashboard(Workspace([cv.open(str(demo))]), poll_seconds=0)
+    kept = dash.__panel__().objects[0]
+    for _ in range(5):
+        dash.__panel__()  # shown again, the output replaced
+    gc.collect()
+    dash.__panel__()  # the hosts are pruned as a new one joins
+    assert len(dash._sidebar_hosts) == 2 and len(dash._picker_buttons) == 2
+    kept.objects[-1].clicks += 1  # the kept output's button still opens the picker
+    assert "Open another tree" in kept.objects[2].object
+
+
 def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():
     """One part drawn once seen raising does not keep the others (same batch) off the page."""
     from ckptview.widgets._base import draw_when_seen

@@ -66,8 +66,10 @@ class Dashboard(pn.viewable.Viewer):
         self.tab_names = ["Runs", *TABS] if experiment is not None else list(TABS)
         self.runs_view = (RunsView(experiment, on_open=self.open_run, workspace=workspace)
                           if experiment is not None else None)  # fmt: skip
-        self._picker_buttons: list[pn.widgets.Button] = []  # in the sidebar(s), till clicked
-        self._sidebar_hosts: list[tuple[object, str]] = []  # (layout, its list) showing it
+        #: in the sidebar(s), till clicked; held by their layouts only (a notebook that shows
+        #: the dashboard again makes new ones: the old go with their outputs)
+        self._picker_buttons: weakref.WeakSet[pn.widgets.Button] = weakref.WeakSet()
+        self._sidebar_hosts: list[tuple[weakref.ref, str]] = []  # (layout, its list) showing it
         self._views: dict[str, pn.viewable.Viewer] = {}  # tab name -> its view, once built
         self._browsers: dict[str, RunBrowser] = {}
         self._trajectories: dict[str, TrajectoryPlot] = {}
@@ -267,7 +269,8 @@ class Dashboard(pn.viewable.Viewer):
     def host_sidebar(self, layout, attr: str = "objects") -> None:
         """``layout``'s list ``attr`` holds the parts of :meth:`sidebar` (the button of the
         tree picker is replaced there by the picker)."""
-        self._sidebar_hosts.append((layout, attr))
+        self._sidebar_hosts = [(ref, a) for ref, a in self._sidebar_hosts if ref() is not None]
+        self._sidebar_hosts.append((weakref.ref(layout), attr))
 
     def _picker_toggle(self) -> pn.widgets.Button:
         """A button that opens the tree picker (:meth:`open_picker`) in its place.
@@ -277,7 +280,7 @@ class Dashboard(pn.viewable.Viewer):
         button = pn.widgets.Button(label="Open another tree…", color="primary", variant="outline",
                                    css_classes=["ckptview-picker-toggle"],
                                    sizing_mode="stretch_width")  # fmt: skip
-        self._picker_buttons.append(button)
+        self._picker_buttons.add(button)
         button.on_click(lambda event: self.open_picker())
         return button
 
@@ -286,7 +289,9 @@ class Dashboard(pn.viewable.Viewer):
         does); the picker."""
         picker = self.picker
         buttons = {id(b) for b in self._picker_buttons}
-        for layout, attr in self._sidebar_hosts:
+        for ref, attr in self._sidebar_hosts:
+            if (layout := ref()) is None:
+                continue
             parts = list(getattr(layout, attr))
             at = next((i for i, part in enumerate(parts) if id(part) in buttons), None)
             if at is not None:
