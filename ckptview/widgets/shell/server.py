@@ -58,9 +58,9 @@ from .. import _panel_fixes
 #: the policy of every HTML page; ``{nonce}`` is fresh for each response
 CSP = "; ".join([
     "default-src 'self'",
-    # only scripts that carry the nonce: the page's own <script> tags, and the module scripts
-    # es-module-shims makes for Panel's ESM bundles (it copies the nonce onto them; import()
-    # inherits it, so blob: needs no allowance). No 'strict-dynamic': it trusts every <script>
+    # only scripts that carry the nonce: the page's own <script> tags, and the ESM bundles
+    # Panel's components import() from them (an import inherits the nonce; es-module-shims
+    # runs in polyfill mode: load_modules_natively). No 'strict-dynamic': it trusts every <script>
     # page code inserts, and Panel re-creates each <script> of an HTML or Markdown pane. No
     # 'self': a re-created <script src> of this server would run. No inline handler.
     # 'unsafe-eval': Bokeh's template cell formatters and Panel's JSCode are compiled with
@@ -69,7 +69,7 @@ CSP = "; ".join([
     "style-src 'self' 'unsafe-inline'",
     "img-src 'self' data: blob:",
     "font-src 'self' data:",
-    "connect-src 'self' blob:",  # es-module-shims reads the page's modules from blob: URLs
+    "connect-src 'self' blob:",  # es-module-shims' shim mode (Panel's default) reads blob:
     "worker-src 'self' blob:",
     "object-src 'none'",
     "base-uri 'self'",
