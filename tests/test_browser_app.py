@@ -253,6 +253,7 @@ def test_the_page_works_under_its_content_security_policy(page: Page, writable):
     page.goto(server.url)
     rows = page.locator(".ckptview-serials .tabulator-row")
     expect(rows.first.locator("[tabulator-field=size]")).to_contain_text("KiB", timeout=WAIT)
+    page.locator(".ckptview-columns-toggle button").click()
     page.locator(".ckptview-columns .choices").first.click()
     tab(page, "Compare")
     page.locator(".ckptview-compare-button button").click()

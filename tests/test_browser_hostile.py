@@ -89,6 +89,7 @@ def test_browse_shows_names_as_text(page: Page, served, hostile):
     headers = page.locator(".ckptview-serials .tabulator-headers")
     expect(headers).to_contain_text(METRIC)
     expect(headers).to_contain_text(METRIC_BREAKOUT)
+    page.locator(".ckptview-columns-toggle button").click()  # the chooser, in its place
     expect(page.locator(".ckptview-columns")).to_contain_text(METRIC)
     options = open_choices(page, "ckptview-columns")
     expect(options).to_contain_text(METRIC_CODE)  # not a default column: offered here

@@ -147,6 +147,18 @@ def test_the_page_has_the_browser_load_its_modules(served):
     assert [json.loads(o) for o in options] == [{"shimMode": False}]  # Panel's: true
 
 
+def test_the_pages_loading_spinner_turns_three_times(served):
+    """panel-material-ui's loader ring spins while the page loads; served, the page's CSS lets
+    it turn three times (an endless animation had the browser draw ~60 frames a second)."""
+    from ckptview.widgets.shell.server import LOADER_CSS
+
+    body = get(served.port).body.decode()
+    assert re.search(r'<div id="loader"[^>]*>\s*<div class="spinner">', body)  # what it styles
+    styles = re.findall(r"<style[^>]*>(.*?)</style>", body, re.DOTALL)
+    assert any(LOADER_CSS in css for css in styles)
+    assert "animation: spin 1s linear infinite" in body  # pmui's own rule, now bounded
+
+
 def test_the_page_and_its_resources_are_compressed_when_asked(served):
     gz = {"Accept-Encoding": "gzip"}
     page = get(served.port, headers=gz)

@@ -110,6 +110,7 @@ def test_a_served_page_sends_the_serials_first(demo):
     # Spacer stands for the five tabs not shown
     assert kinds["Column"] == 2 and kinds["Spacer"] == 1, kinds
     assert kinds["Tooltip"] == 0, kinds  # the column chooser's label says what it is
+    assert kinds["MultiChoice"] == 0 and kinds["Button"] == 2, kinds  # the chooser's button
     headers = [m for m in models if "&lt;pre&gt; &lt;/pre&gt;" in str(getattr(m, "text", ""))]
     assert not headers  # no empty header pane per tab
 
@@ -252,6 +253,24 @@ def test_a_notebook_showing_the_dashboard_again_does_not_keep_the_old_sidebars(d
     assert len(dash._sidebar_hosts) == 2 and len(dash._picker_buttons) == 2
     kept.objects[-1].clicks += 1  # the kept output's button still opens the picker
     assert "Open another tree" in kept.objects[2].object
+
+
+def test_the_column_chooser_is_shown_in_place_of_its_button(demo):
+    """A page shows a button; the chooser (a Choices widget) is built on its click, in its
+    place, and changes the table's columns."""
+    from ckptview.widgets.pages.browse.serials import SerialsTable
+
+    view = SerialsTable(cv.open(str(demo)), poll_seconds=0)
+    column = view.view()
+    assert "chooser" not in view.__dict__
+    button = next(o for o in column.objects if "ckptview-columns-toggle" in o.css_classes)
+    at = column.objects.index(button)
+    button.clicks += 1
+    assert column.objects[at] is view.chooser and button not in column.objects
+    assert isinstance(view.chooser, pn.widgets.MultiChoice)
+    view.chooser.value = view.chooser.value[:1]
+    assert view.columns == view.chooser.value and len(view.table.value.columns) < len(view.frame.columns)
+    assert view.show_chooser() is view.chooser and column.objects.count(view.chooser) == 1
 
 
 def test_a_late_part_that_fails_is_shown_and_the_others_are_drawn():

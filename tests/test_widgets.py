@@ -391,7 +391,8 @@ def test_live_notice_is_built_with_the_first_news_under_the_summary(cat, demo):
     table = browser.serials
     column = browser.__panel__()
     assert column is table.view() and column.objects[0] is table.summary
-    # + the chooser, the timeline, and verify, variables and detail with a rule between each
+    # + the chooser's button, the timeline, and verify, variables and detail with a rule
+    # between each
     assert table.table in column.objects and len(column.objects) == 9
     assert column.objects[3].css_classes == ["ckptview-timeline"]
     assert browser.poll() == [] and "live" not in table.__dict__  # no news: not built

@@ -347,8 +347,35 @@ class SerialsTable(pn.viewable.Viewer):
         return pn.Column(self.y_select, self._timeline_pane(), sizing_mode="stretch_width",
                          css_classes=["ckptview-timeline"])  # fmt: skip
 
+    @cached_property
+    def chooser(self) -> pn.widgets.MultiChoice:
+        """The column chooser (built when first asked for: :meth:`show_chooser`)."""
+        return pn.widgets.MultiChoice.from_param(  # its label says it: no tooltip model
+            self.param.columns, label="columns", sizing_mode="stretch_width",
+            css_classes=["ckptview-columns"], description=None,
+        )  # fmt: skip
+
+    def _chooser_toggle(self) -> pn.widgets.Button:
+        """A button that shows the column chooser in its place. The chooser (Choices.js) on
+        every page cost each visitor's browser ~0.12 s of compositing, its chips painted one by
+        one (and more while a busy machine is still drawing the page), for a control few use;
+        the table's headers say which columns are shown."""
+        button = pn.widgets.Button(label="Columns…", variant="outline", width=120,
+                                   css_classes=["ckptview-columns-toggle"])  # fmt: skip
+        button.on_click(lambda event: self.show_chooser())
+        return button
+
+    def show_chooser(self) -> pn.widgets.MultiChoice:
+        """Show the column chooser in place of its button (what the button does)."""
+        chooser = self.chooser
+        if self._column is not None and chooser not in self._column.objects:
+            self._column.objects = [chooser if isinstance(o, pn.widgets.Button)
+                                    and "ckptview-columns-toggle" in o.css_classes else o
+                                    for o in self._column.objects]  # fmt: skip
+        return chooser
+
     def view(self, *later: Callable[[], Any]) -> pn.Column:
-        """The summary, the column chooser, the table and the timeline, then what each of
+        """The summary, the column chooser's button, the table and the timeline, then what each of
         ``later`` makes (what a page shows under them: in the same Column, not one more
         nested); built once (a second call returns it as built), polling started.
 
@@ -356,12 +383,8 @@ class SerialsTable(pn.viewable.Viewer):
         (their placeholder sits in the Column: no Column waits for them)."""
         self.start_polling()
         if self._column is None:
-            chooser = pn.widgets.MultiChoice.from_param(  # its label says it: no tooltip model
-                self.param.columns, label="columns", sizing_mode="stretch_width",
-                css_classes=["ckptview-columns"], description=None,
-            )  # fmt: skip
             news = [self.live] if "live" in self.__dict__ else []  # built before it was shown
-            self._column = pn.Column(self.summary, *news, chooser, self.table,
+            self._column = pn.Column(self.summary, *news, self._chooser_toggle(), self.table,
                                      sizing_mode="stretch_width")  # fmt: skip
             draw_when_seen(self._column, lambda: [part for make in (self._timeline_part, *later)
                                                   for part in drawn(make)],
