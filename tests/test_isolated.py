@@ -118,3 +118,25 @@ def test_value_reads_stay_in_threads(tmp_path):
         assert Counting.submitted == listed  # no value read went to a worker
     finally:
         ex.shutdown()
+
+
+def test_the_workers_last_words_name_the_signal_when_its_status_is_lost(tmp_path):
+    """Under forkserver the pool's manager thread and the caller both join a dead worker; the
+    loser reads exit code 255. The signal faulthandler wrote before the worker died wins."""
+    import multiprocessing
+    import os
+    import subprocess
+    import sys
+
+    from ckptview.scan.isolated import _cause
+
+    log = tmp_path / "fault.log"
+    crash = ("import faulthandler, os, signal, sys; faulthandler.enable(open(sys.argv[1], 'a'));"
+             " os.kill(os.getpid(), signal.SIGSEGV)")  # fmt: skip
+    assert subprocess.run([sys.executable, "-c", crash, str(log)]).returncode == -11
+    worker = multiprocessing.get_context("spawn").Process(target=os._exit, args=(255,))
+    worker.start()
+    worker.join()
+    assert worker.exitcode == 255  # what the race leaves behind
+    assert _cause([worker], str(log)) == "the worker process listing it was killed by SIGSEGV"
+    assert _cause([worker], None).endswith("exited with code 255")  # no last words: the code

@@ -110,12 +110,14 @@ FAULTS = {"Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS", "Aborted": "SI
 def _cause(workers: list, fault_log: str | None = None) -> str:
     for w in workers:
         w.join(5)
+    # the worker's own last words first: its exit status can be lost to a race (the pool's
+    # manager thread joins the same process; under forkserver the loser reads 255)
+    text = open(fault_log, errors="replace").read() if fault_log else ""  # noqa: SIM115
+    name = next((sig for words, sig in FAULTS.items() if words in text), None)
+    if name:
+        return f"the worker process listing it was killed by {name}"
     code = next((w.exitcode for w in workers if w.exitcode not in (None, 0)), None)
-    if code is None:  # the exit status was reaped elsewhere: the worker's own last words
-        text = open(fault_log, errors="replace").read() if fault_log else ""  # noqa: SIM115
-        name = next((sig for words, sig in FAULTS.items() if words in text), None)
-        if name:
-            return f"the worker process listing it was killed by {name}"
+    if code is None:
         return "the worker process listing it died"
     if code < 0:
         import signal
