@@ -414,3 +414,38 @@ def test_a_run_browser_builds_what_is_below_its_serials_on_first_use(demo):
     assert browser.variables.serial == browser.verify.serial == browser.detail.serial == 1
     browser.serials.select(2)
     assert browser.variables.serial == browser.verify.serial == 2
+
+
+SETTLED_PAGES = """
+import gc, sys
+from bokeh.document import Document
+from panel.io.state import set_curdoc
+from ckptview.widgets.shell.app import build_app, settle
+
+settle([sys.argv[1]])
+full = []
+gc.callbacks.append(lambda phase, info: phase == "stop" and info["generation"] == 2
+                    and full.append(1))
+pages = []
+for _ in range(30):  # 30 visitors at once: their pages all alive
+    doc = Document()
+    with set_curdoc(doc):
+        page = build_app([sys.argv[1]], poll_seconds=0)
+        page.server_doc(doc)
+    pages.append((doc, page))
+    doc.to_json()
+print(gc.get_freeze_count() > 0, gc.get_threshold()[2], len(full))
+"""
+
+
+def test_a_settled_server_builds_pages_without_full_collections(demo):
+    """Once ``settle`` froze what lives as long as the server, the collector's own full
+    collections walked every open session's objects while pages were being built (one in
+    every 10 of the middle generation's); they are left to Panel's collection after sessions
+    end. 30 pages built and kept: no full collection."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SETTLED_PAGES, str(demo)], capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()  # fmt: skip
+    assert out == ["True", str(appmod.FULL_COLLECTION_EVERY), "0"]
