@@ -213,6 +213,21 @@ def test_text_is_readable_in_either_theme(themed: Page, served):
     assert dark == (themed.theme == "dark")
 
 
+def test_a_cells_tooltip_is_readable_in_either_theme(themed: Page):
+    """Tabulator's tooltip box is white in any theme; its text took the page's colour (white
+    on white in the dark theme)."""
+    open_tab(themed, "Browse")
+    row = themed.locator(".ckptview-variables .tabulator-row").first
+    row.scroll_into_view_if_needed()
+    row.locator("[tabulator-field=name]").hover()
+    tip = themed.locator(".tabulator-tooltip")
+    expect(tip).to_be_visible(timeout=WAIT)
+    got = contrast(themed, tip)
+    themed.mouse.move(5, HEIGHT - 5)  # over the sidebar: the tooltip goes
+    themed.evaluate(SCROLL_TOP)
+    assert got["ratio"] >= 4.5, f"tooltip ({themed.theme}): {got}"
+
+
 def test_long_paths_wrap_in_the_sidebar(themed: Page, served):
     _, root = served
     open_picker(themed)

@@ -25,7 +25,8 @@ from .guard import Guard
 
 #: tables in either theme: compact cells, titles never ellipsized (a title of several words
 #: wraps at its spaces), the selected row a translucent tint (its text keeps the theme's
-#: colour), long words (paths, names) broken inside their cell instead of widening it. The
+#: colour), tooltips in the theme's colours (Tabulator's box is white, its text took the
+#: page's colour: white on white in the dark theme), long words (paths, names) broken inside their cell instead of widening it. The
 #: selectors outrank the Tabulator theme's and the Material design's own (``_format``'s
 #: column widths count on these paddings: ``CELL_PAD``, ``HEADER_PAD``)
 TABLE_CSS = """
@@ -39,6 +40,9 @@ TABLE_CSS = """
 .pnx-tabulator .cv-name > span { white-space: nowrap; }
 .tabulator-row.tabulator-selected { background-color: rgba(33, 150, 243, 0.28) !important;
   color: var(--panel-on-background-color, inherit) !important; }
+.pnx-tabulator .tabulator-popup-container.tabulator-popup-container {
+  background: var(--panel-surface-color, #fff); color: var(--panel-on-surface-color, #212121);
+  border-color: var(--panel-border-color, #ddd); }
 """
 
 #: the share of a total as a bar behind its number (the number in the theme's text colour)
