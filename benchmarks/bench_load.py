@@ -27,6 +27,9 @@ peer (``benchmarks/peer_table_app.py``). Measured for each, in one run:
 * the dashboard's RSS before any session, after each wave (all closed) once Bokeh discarded
   the sessions: growth per discarded session.
 
+Both servers run all along; the waves take turns between them (the dashboard's, then the
+peer's, ``--waves`` times), so a drift of the machine's speed hits both alike.
+
 Prints a Markdown table (RESULTS.md § load).
 """
 
@@ -141,43 +144,52 @@ async def first_row(browser, url: str, chromium: list[float] | None = None) -> f
         await context.close()
 
 
-async def measure(app: Path, tree: Path, args, browser) -> dict:
-    server = Server([str(tree)], extra=["--warm", *LIFETIME], app_args=["--poll", "0"],
-                    timeout=600, app=app)  # fmt: skip
+async def alone(server: Server, args, browser) -> dict:
+    """Pages one after another, protocol-client visits, then GETs at once, on ``server``."""
     pid = server.proc.pid
     out: dict = {}
+    await first_row(browser, server.url)  # the first visitor: resources compressed, caches
+    out["rss"] = [rss_mib(pid)]
+    c0, chromium = cpu_s(pid), []
+    out["alone"] = [await first_row(browser, server.url, chromium) for _ in range(args.pages)]
+    out["cpu"] = (cpu_s(pid) - c0) / args.pages
+    out["browser"] = statistics.mean(chromium)
+    await asyncio.sleep(DISCARDED)  # the pages' sessions discarded (not counted below)
+    c0 = cpu_s(pid)
+    for _ in range(args.visits):
+        await visit(server.url)
+    out["cpu_client"] = (cpu_s(pid) - c0) / args.visits
+    await asyncio.sleep(4)
+    out["gets"] = await asyncio.to_thread(gets, server.url, args.gets)
+    await asyncio.sleep(DISCARDED)  # the GETs' sessions discarded
+    return out
+
+
+async def measure(apps: dict[str, Path], tree: Path, args, browser) -> dict[str, dict]:
+    """Every measure of each app; the waves of visitors and of Chromium sessions take turns
+    between the apps (one app's wave, then the other's), so the machine's drift hits both."""
+    servers = {name: Server([str(tree)], extra=["--warm", *LIFETIME], app_args=["--poll", "0"],
+                            timeout=600, app=app) for name, app in apps.items()}  # fmt: skip
     try:
-        await first_row(browser, server.url)  # the first visitor: resources compressed, caches
-        base = rss_mib(pid)
-        c0, chromium = cpu_s(pid), []
-        alone = [await first_row(browser, server.url, chromium) for _ in range(args.pages)]
-        out["cpu"] = (cpu_s(pid) - c0) / args.pages
-        out["browser"] = statistics.mean(chromium)
-        out["alone"] = alone
-        await asyncio.sleep(DISCARDED)  # the pages' sessions discarded (not counted below)
-        c0 = cpu_s(pid)
-        for _ in range(args.visits):
-            await visit(server.url)
-        out["cpu_client"] = (cpu_s(pid) - c0) / args.visits
-        await asyncio.sleep(4)
-        out["gets"] = await asyncio.to_thread(gets, server.url, args.gets)
-        await asyncio.sleep(DISCARDED)  # the GETs' sessions discarded
-        visits: list[tuple[float, float]] = []
+        out = {name: await alone(server, args, browser) for name, server in servers.items()}
+        for r in out.values():
+            r["visits"], r["sessions"] = [], []
         for _ in range(args.waves):
-            visits += await asyncio.gather(*(visit(server.url) for _ in range(args.sessions)))
-            await asyncio.sleep(DISCARDED)
-        out["visits"] = visits
-        loads: list[float] = []
-        after = [rss_mib(pid)]
+            for name, server in servers.items():
+                out[name]["visits"] += await asyncio.gather(*(visit(server.url)
+                                                              for _ in range(args.sessions)))  # fmt: skip
+                await asyncio.sleep(DISCARDED)
+        for name, server in servers.items():
+            out[name]["rss"].append(rss_mib(server.proc.pid))
         for _ in range(args.waves):
-            loads += await asyncio.gather(*(first_row(browser, server.url)
-                                            for _ in range(args.sessions)))  # fmt: skip
-            await asyncio.sleep(DISCARDED)  # closed sessions discarded (LIFETIME)
-            after.append(rss_mib(pid))
-        out["sessions"] = loads
-        out["rss"] = [base, *after]
+            for name, server in servers.items():
+                out[name]["sessions"] += await asyncio.gather(*(first_row(browser, server.url)
+                                                                for _ in range(args.sessions)))  # fmt: skip
+                await asyncio.sleep(DISCARDED)  # closed sessions discarded (LIFETIME)
+                out[name]["rss"].append(rss_mib(server.proc.pid))
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     return out
 
 
@@ -209,8 +221,8 @@ async def run(args) -> None:
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            for name, app in (("ckptview", APP), ("one Tabulator (peer)", PEER)):
-                results[name] = await measure(app, tree, args, browser)
+            results = await measure({"ckptview": APP, "one Tabulator (peer)": PEER}, tree, args,
+                                    browser)  # fmt: skip
         finally:
             await browser.close()
     print(f"\n{args.pages} pages one after another (and {args.visits} protocol-client visits); "
