@@ -26,9 +26,10 @@ from .guard import Guard
 #: tables in either theme: compact cells, titles never ellipsized (a title of several words
 #: wraps at its spaces), the selected row a translucent tint (its text keeps the theme's
 #: colour), tooltips in the theme's colours (Tabulator's box is white, its text took the
-#: page's colour: white on white in the dark theme), long words (paths, names) broken inside their cell instead of widening it. The
-#: selectors outrank the Tabulator theme's and the Material design's own (``_format``'s
-#: column widths count on these paddings: ``CELL_PAD``, ``HEADER_PAD``)
+#: page's colour: white on white in the dark theme), long words (paths, names) broken inside
+#: their cell instead of widening it. The selectors outrank the Tabulator theme's and the
+#: Material design's own (``_format``'s column widths count on these paddings: ``CELL_PAD``,
+#: ``HEADER_PAD``)
 TABLE_CSS = """
 .pnx-tabulator.tabulator { font-size: 13px; max-width: 100%; }
 .pnx-tabulator .tabulator-header .tabulator-col { font-size: 13px; }
