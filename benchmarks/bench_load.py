@@ -176,15 +176,15 @@ async def measure(apps: dict[str, Path], tree: Path, args, browser) -> dict[str,
             r["visits"], r["sessions"] = [], []
         for _ in range(args.waves):
             for name, server in servers.items():
-                out[name]["visits"] += await asyncio.gather(*(visit(server.url)
-                                                              for _ in range(args.sessions)))  # fmt: skip
+                wave = (visit(server.url) for _ in range(args.sessions))
+                out[name]["visits"] += await asyncio.gather(*wave)
                 await asyncio.sleep(DISCARDED)
         for name, server in servers.items():
             out[name]["rss"].append(rss_mib(server.proc.pid))
         for _ in range(args.waves):
             for name, server in servers.items():
-                out[name]["sessions"] += await asyncio.gather(*(first_row(browser, server.url)
-                                                                for _ in range(args.sessions)))  # fmt: skip
+                pages = (first_row(browser, server.url) for _ in range(args.sessions))
+                out[name]["sessions"] += await asyncio.gather(*pages)
                 await asyncio.sleep(DISCARDED)  # closed sessions discarded (LIFETIME)
                 out[name]["rss"].append(rss_mib(server.proc.pid))
     finally:

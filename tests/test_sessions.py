@@ -269,7 +269,8 @@ def test_the_column_chooser_is_shown_in_place_of_its_button(demo):
     assert column.objects[at] is view.chooser and button not in column.objects
     assert isinstance(view.chooser, pn.widgets.MultiChoice)
     view.chooser.value = view.chooser.value[:1]
-    assert view.columns == view.chooser.value and len(view.table.value.columns) < len(view.frame.columns)
+    assert view.columns == view.chooser.value
+    assert len(view.table.value.columns) < len(view.frame.columns)
     assert view.show_chooser() is view.chooser and column.objects.count(view.chooser) == 1
 
 

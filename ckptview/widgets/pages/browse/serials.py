@@ -80,6 +80,7 @@ class SerialsTable(pn.viewable.Viewer):
     def __init__(self, catalog: cv.Catalog, **params):
         super().__init__(catalog=catalog, **params)
         self._column: pn.Column | None = None  # what __panel__ shows, once built
+        self._toggle: pn.widgets.Button | None = None  # the chooser's button in _column
         self._seen = catalog.serials
         self.frame = serials_frame(catalog)
         self._fields: dict[str, str] = {}  # metric name -> its column's field in the table
@@ -363,14 +364,14 @@ class SerialsTable(pn.viewable.Viewer):
         button = pn.widgets.Button(label="Columns…", variant="outline", width=120,
                                    css_classes=["ckptview-columns-toggle"])  # fmt: skip
         button.on_click(lambda event: self.show_chooser())
+        self._toggle = button
         return button
 
     def show_chooser(self) -> pn.widgets.MultiChoice:
         """Show the column chooser in place of its button (what the button does)."""
         chooser = self.chooser
-        if self._column is not None and chooser not in self._column.objects:
-            self._column.objects = [chooser if isinstance(o, pn.widgets.Button)
-                                    and "ckptview-columns-toggle" in o.css_classes else o
+        if self._column is not None and self._toggle in self._column.objects:
+            self._column.objects = [chooser if o is self._toggle else o
                                     for o in self._column.objects]  # fmt: skip
         return chooser
 
