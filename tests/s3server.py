@@ -99,6 +99,7 @@ class ProxyState:
     max_inflight: int = 0
     delay: float = 0.0  # seconds added to every GET (to see overlap)
     delay_methods: tuple[str, ...] = ("GET",)  # the methods ``delay`` holds
+    held: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of each hold
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -130,6 +131,7 @@ class FaultProxy:
             self.state.rules.clear()
             self.state.max_inflight = 0
             self.state.delay = 0.0
+            self.state.held.clear()
 
     def requests(self, method: str | None = None, under: str = "") -> list[Entry]:
         with self.state.lock:
@@ -138,6 +140,17 @@ class FaultProxy:
                 for e in self.state.log
                 if (method is None or e.method == method) and e.key.startswith(under)
             ]
+
+    def held_seconds(self) -> float:
+        """How long at least one request was held by ``delay`` (the union of the holds): the
+        latency a client added to its own time, whatever its CPU was doing meanwhile."""
+        with self.state.lock:
+            spans = sorted(self.state.held)
+        total, end = 0.0, float("-inf")
+        for a, b in spans:
+            total += max(0.0, b - max(a, end))
+            end = max(end, b)
+        return total
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -202,7 +215,10 @@ class _Handler(BaseHTTPRequestHandler):
             delay = self.state.delay if method in self.state.delay_methods else 0.0
         try:
             if delay:
+                start = time.monotonic()
                 time.sleep(delay)
+                with self.state.lock:
+                    self.state.held.append((start, time.monotonic()))
             status, headers, data = self._forward(method, body)
         finally:
             with self.state.lock:
