@@ -225,3 +225,25 @@ def test_a_template_without_shim_mode_is_left_as_panel_has_it(monkeypatch):
                         lambda env, name: ("<script src='x.js'></script>", None, None))  # fmt: skip
     assert _panel_fixes.load_modules_natively() is False
     assert resources.JS_RESOURCES is plain
+
+
+@pytest.mark.parametrize("first", ["natively", "paced"])
+def test_paced_table_resizes_follow_panels_scripts_and_keep_polyfill_mode(monkeypatch, first):
+    """The paced wait comes after every script of the page (Panel's registered its models by
+    then), once, whichever of the two template changes is made first."""
+    from panel.io import resources
+
+    monkeypatch.setattr(resources, "JS_RESOURCES", resources.JS_RESOURCES)  # restored after
+    parts = {"js_raw": ["var x = 1"], "js_files": ["a.js"], "js_modules": ["m.js"],
+             "hashes": {}, "js_module_exports": {"lib": "lib.js"}}  # fmt: skip
+    before = resources.JS_RESOURCES.render(**parts)
+    changes = [_panel_fixes.load_modules_natively, _panel_fixes.pace_table_resizes]
+    for change in changes if first == "natively" else changes[::-1]:
+        assert change() is True
+    assert _panel_fixes.pace_table_resizes() is False  # applied once
+    assert _panel_fixes.load_modules_natively() is False
+    after = resources.JS_RESOURCES.render(**parts)
+    script = _panel_fixes.PACED_RESIZES.strip()
+    assert after.count(script) == 1 and after.rstrip().endswith(script)
+    assert after.replace(script, "").rstrip() == before.replace(
+        _panel_fixes.SHIM_MODE, _panel_fixes.POLYFILL_MODE).rstrip()  # fmt: skip

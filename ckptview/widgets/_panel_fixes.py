@@ -46,6 +46,16 @@ and import maps (every current one) ``importShim(url)`` is the browser's own ``i
 component that is not bundled and imports bare names (panel-material-ui's user-defined
 ``MaterialComponent``; none on ckptview's pages) would not load; Panel logs "Failed to add
 import map" for the bundled ones, which need none.
+
+**Tables that wait a frame, not a spin.** A Tabulator's view redraws itself once its page
+settles (``_flush_resize_when_root_ready``): until its stylesheets are loaded, its first draw
+is done and its scroll restored, it waits by ``defer()``, one message-channel turn at a time,
+thousands of turns a second. While a page loads that spins the browser's main thread; on a
+busy server, where the page's stylesheets come late, it spins for the whole wait (1 s of the
+main thread per page in a burst of 20 here), and the spinning browsers take the cores the
+server needs to answer them. :func:`pace_table_resizes` has served pages wait a frame
+(``requestAnimationFrame``) between the checks instead; what is checked and done is Panel's.
+It replaces the method only where its source is the one described here.
 """
 
 from __future__ import annotations
@@ -58,8 +68,36 @@ _CACHED = "_ckptview_cached"
 _DEFINED = "_ckptview_defined"
 LOADED_ONLY = "_ckptview_loaded_modules_only"
 _NATIVE = "_ckptview_native_modules"
+_PACED = "_ckptview_paced_resizes"
+_SOURCE = "_ckptview_source"  # the template's source as patched so far
 SHIM_MODE = '<script type="esms-options">{"shimMode": true}</script>'
 POLYFILL_MODE = '<script type="esms-options">{"shimMode": false}</script>'
+#: run after Panel's JavaScript: the Tabulator view's wait for a settled page, a frame at a time
+PACED_RESIZES = """<script type="text/javascript">
+(() => {
+  const model = window.Bokeh?.Models?.get?.("panel.models.tabulator.DataTabulator");
+  const view = model?.prototype?.default_view?.prototype;
+  const known = String(view?._flush_resize_when_root_ready ?? "");
+  if (!known.includes("defer)()") || !known.includes("_initialized_stylesheets")) return;
+  const frame = () => new Promise((resolve) => requestAnimationFrame(() => resolve()));
+  view._flush_resize_when_root_ready = async function () {
+    for (;;) {
+      if (!this._resize_pending) return;
+      await this.root.ready;
+      if (!this._resize_pending) continue;
+      const busy = this._is_scrolling || this._initializing || this.container === null ||
+        this.is_drawing || this._has_active_editor();
+      if (!busy && [...this._initialized_stylesheets.values()].every((done) => done)) {
+        this._resize_pending = false;
+        this._resize_redraw();
+        return;
+      }
+      await frame();
+    }
+  };
+})();
+</script>
+"""
 
 
 def apply() -> bool:
@@ -186,19 +224,38 @@ def refuse_module_imports() -> bool:
     return True
 
 
+def _page_template(flag: str, change) -> bool:
+    """Render served pages' resources from ``change(source)`` of the template's source as
+    patched so far (once per ``flag``); False when applied already or ``change`` returns None."""
+    from panel.io import resources
+
+    template = resources.JS_RESOURCES
+    if getattr(template, flag, False):
+        return False
+    source = getattr(template, _SOURCE, None)
+    if source is None:
+        source = resources._env.loader.get_source(resources._env, template.name)[0]
+    changed = change(source)
+    if changed is None:
+        return False
+    patched = resources._env.from_string(changed)
+    patched.name = template.name
+    for done in (_NATIVE, _PACED):
+        setattr(patched, done, getattr(template, done, False) or done == flag)
+    setattr(patched, _SOURCE, changed)
+    resources.JS_RESOURCES = patched
+    return True
+
+
 def load_modules_natively() -> bool:
     """Make the pages Panel renders start es-module-shims in polyfill mode (their ES modules
     loaded by the browser's ``import()``); False when done already or Panel's template no
     longer sets shim mode (then nothing changes)."""
-    from panel.io import resources
+    return _page_template(_NATIVE, lambda source: source.replace(SHIM_MODE, POLYFILL_MODE)
+                          if source.count(SHIM_MODE) == 1 else None)  # fmt: skip
 
-    template = resources.JS_RESOURCES
-    if getattr(template, _NATIVE, False):
-        return False
-    source = resources._env.loader.get_source(resources._env, template.name)[0]
-    if source.count(SHIM_MODE) != 1:
-        return False
-    native = resources._env.from_string(source.replace(SHIM_MODE, POLYFILL_MODE))
-    setattr(native, _NATIVE, True)
-    resources.JS_RESOURCES = native
-    return True
+
+def pace_table_resizes() -> bool:
+    """Add :data:`PACED_RESIZES` after the JavaScript of the pages Panel renders (once);
+    False when done already."""
+    return _page_template(_PACED, lambda source: source + PACED_RESIZES)

@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     """``panel serve`` with :class:`HardenedServe` (same arguments)."""
     production_settings()
     _panel_fixes.load_modules_natively()
+    _panel_fixes.pace_table_resizes()
     calm_loader()
     parser = argparse.ArgumentParser(prog="ckptview-server")
     command = HardenedServe(parser=parser)
