@@ -23,6 +23,9 @@
 - has the browser load the pages' ES modules itself (es-module-shims in polyfill mode:
   :func:`ckptview.widgets._panel_fixes.load_modules_natively`), not through the shim's
   lexer and ``blob:`` copies (~0.16 s of a fresh page's ~1.9 s of renderer CPU here);
+- has the page's tables wait for the page to settle a frame at a time
+  (:func:`ckptview.widgets._panel_fixes.pace_table_resizes`), not by the 13,000–26,000
+  message-channel turns per load that spun the browser's main thread while stylesheets came;
 - lets the page's loading spinner turn three times, not until the page is drawn
   (:data:`LOADER_CSS`): under a burst of visitors a page loads for tens of seconds, and the
   spinning ring had the browser draw ~60 frames a second all along;
