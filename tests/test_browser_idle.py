@@ -2,7 +2,7 @@
 settle a frame at a time (``_panel_fixes.pace_table_resizes``), not by message-channel turns.
 
 Panel's Tabulator view waits for its stylesheets, its first draw and its scroll by ``defer()``
-(a ``MessagePort.postMessage`` each turn): 15,000–24,000 turns per load of the demo page here,
+(a ``MessagePort.postMessage`` each turn): 13,000–24,000 turns per load of the demo page here,
 and as many more as its stylesheets come late. The turns are counted by wrapping
 ``MessagePort.prototype.postMessage`` before any page script runs.
 """

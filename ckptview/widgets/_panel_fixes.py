@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 
 _APPLIED = "_ckptview_flushes_queued"
 _CACHED = "_ckptview_cached"
@@ -224,7 +225,7 @@ def refuse_module_imports() -> bool:
     return True
 
 
-def _page_template(flag: str, change) -> bool:
+def _page_template(flag: str, change: Callable[[str], str | None]) -> bool:
     """Render served pages' resources from ``change(source)`` of the template's source as
     patched so far (once per ``flag``); False when applied already or ``change`` returns None."""
     from panel.io import resources
