@@ -68,9 +68,9 @@ _APPLIED = "_ckptview_flushes_queued"
 _CACHED = "_ckptview_cached"
 _DEFINED = "_ckptview_defined"
 LOADED_ONLY = "_ckptview_loaded_modules_only"
-_NATIVE = "_ckptview_native_modules"
-_PACED = "_ckptview_paced_resizes"
-_SOURCE = "_ckptview_source"  # the template's source as patched so far
+_NATIVE = "native modules"
+_PACED = "paced resizes"
+_CHANGES = "_ckptview_changes"  # on the page template: (its source, the changes made to it)
 SHIM_MODE = '<script type="esms-options">{"shimMode": true}</script>'
 POLYFILL_MODE = '<script type="esms-options">{"shimMode": false}</script>'
 #: run after Panel's JavaScript: the Tabulator view's wait for a settled page, a frame at a time
@@ -231,9 +231,9 @@ def _page_template(flag: str, change: Callable[[str], str | None]) -> bool:
     from panel.io import resources
 
     template = resources.JS_RESOURCES
-    if getattr(template, flag, False):
+    source, done = getattr(template, _CHANGES, (None, frozenset()))
+    if flag in done:
         return False
-    source = getattr(template, _SOURCE, None)
     if source is None:
         source = resources._env.loader.get_source(resources._env, template.name)[0]
     changed = change(source)
@@ -241,9 +241,7 @@ def _page_template(flag: str, change: Callable[[str], str | None]) -> bool:
         return False
     patched = resources._env.from_string(changed)
     patched.name = template.name
-    for done in (_NATIVE, _PACED):
-        setattr(patched, done, getattr(template, done, False) or done == flag)
-    setattr(patched, _SOURCE, changed)
+    setattr(patched, _CHANGES, (changed, done | {flag}))
     resources.JS_RESOURCES = patched
     return True
 
