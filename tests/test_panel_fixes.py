@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pandas as pd
 import pytest
 from bokeh.document import Document
 from panel.io import document as panel_doc
@@ -247,3 +248,131 @@ def test_paced_table_resizes_follow_panels_scripts_and_keep_polyfill_mode(monkey
     assert after.count(script) == 1 and after.rstrip().endswith(script)
     assert after.replace(script, "").rstrip() == before.replace(
         _panel_fixes.SHIM_MODE, _panel_fixes.POLYFILL_MODE).rstrip()  # fmt: skip
+
+
+def _tags_by_data_model(monkeypatch=None) -> list[tuple[str, int]]:
+    """Each data model of a page (Material components, a ReactiveHTML, a table in tabs) with the
+    number of root tags it carries, built with the patch in place (or Panel's own method)."""
+    import panel as pn
+    import panel_material_ui as pmui
+    from bokeh.model import DataModel
+
+    from ckptview.widgets._base import SeenMarker, table
+
+    doc = Document()
+    page = pmui.Page(title="x", sidebar=[pn.pane.HTML("side")], main=[pmui.Tabs(
+        ("a", pn.Column(SeenMarker(text="later"), table(pd.DataFrame({"x": [1, 2]})))),
+        ("b", pn.Spacer()), dynamic=True)])  # fmt: skip
+    root = page.get_root(doc)
+    tag = f"__ref:{root.id}"
+    return sorted((type(m).__name__, m.tags.count(tag)) for m in root.select({"type": DataModel}))
+
+
+def test_data_models_are_tagged_with_their_root_as_panel_tags_them(monkeypatch):
+    """Every data model of a page carries its root's tag, once, as with Panel's own method."""
+    from panel.reactive import ReactiveCustomBase
+
+    patched = ReactiveCustomBase.__dict__["_patch_datamodel_ref"]
+    assert getattr(patched.__func__, _panel_fixes._LOCAL, False)
+    ours = _tags_by_data_model()
+    monkeypatch.setattr(ReactiveCustomBase, "_patch_datamodel_ref",
+                        classmethod(patched.__func__.__wrapped__))  # fmt: skip
+    own = _tags_by_data_model()
+    names = {name for name, _ in ours}
+    assert {"Page1", "Tabs1", "text1"} <= {n.rstrip("0123456789") + "1" for n in names}
+    assert ours == own and all(count == 1 for _, count in ours)
+
+
+def test_a_data_model_below_a_ui_element_is_left_to_the_component_that_builds_it():
+    """The walk stops at UI elements (a child component tags its own data models as it is
+    built): a data model hung on a plain Bokeh element is not tagged; one the data model refers
+    to directly is. Panel's own method walks the whole tree below (and tags both)."""
+    import uuid
+
+    from bokeh.core.properties import Instance, Nullable
+    from bokeh.model import DataModel, Model
+    from bokeh.models import Div
+    from panel.reactive import ReactiveCustomBase
+
+    name = f"CkptviewHolder{uuid.uuid4().hex}"
+    holder = type(name, (DataModel,), {"__qualified_model__": name,
+                                       "child": Nullable(Instance(Model)),
+                                       "other": Nullable(Instance(Model))})  # fmt: skip
+    below, beside = (type(f"{name}{k}", (DataModel,), {"__qualified_model__": f"{name}{k}"})()
+                     for k in ("Below", "Beside"))  # fmt: skip
+    data = holder(child=Div(tags=[below]), other=beside)
+    ReactiveCustomBase._patch_datamodel_ref(data, "r1")
+    assert "__ref:r1" in data.tags and "__ref:r1" in beside.tags
+    assert "__ref:r1" not in below.tags
+    ReactiveCustomBase._patch_datamodel_ref.__func__.__wrapped__(ReactiveCustomBase, data, "r2")
+    assert "__ref:r2" in below.tags  # Panel's own walk
+
+
+def test_the_local_tagging_is_applied_once():
+    assert _panel_fixes.tag_data_models_locally() is False  # already applied at import
+
+
+def _sent(query, model) -> tuple[set, type | None]:
+    try:
+        return set(query(model, lambda p: p.serialized, include_defaults=False)), None
+    except Exception as e:  # noqa: BLE001 - a required property unset: the same error expected
+        return set(), type(e)
+
+
+def test_the_properties_sent_equal_bokehs_own_for_every_model_class():
+    """For every model class Bokeh knows here (Bokeh's, Panel's, panel-material-ui's: ~650),
+    a new model's serialised properties are Bokeh's own, the first time and the next."""
+    import warnings
+
+    from bokeh.core.has_props import HasProps
+    from bokeh.model import Model
+
+    patched = HasProps.query_properties_with_values
+    assert getattr(patched, _panel_fixes._SET_ONLY, False)
+    compared = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for cls in Model.model_class_reverse_map.values():
+            try:
+                ours, own = cls(), cls()
+            except Exception:  # noqa: BLE001 - needs arguments
+                continue
+            for _ in range(2):
+                assert _sent(patched, ours) == _sent(patched.__wrapped__, own), cls
+            compared += 1
+    assert compared > 400
+
+
+def test_a_property_not_sent_is_not_read(monkeypatch):
+    """Bokeh read every property (its default computed and checked) before dropping those not
+    set: a Column's 37 for its ~10 set. Only those it holds are read now; a required property
+    that is unset is still read, and raises."""
+    import uuid
+
+    import panel as pn
+    from bokeh.core.has_props import HasProps
+    from bokeh.core.properties import Int, Required
+    from bokeh.core.property.descriptors import PropertyDescriptor, UnsetValueError
+    from bokeh.model import Model
+
+    read: list[str] = []
+    get_value = PropertyDescriptor.get_value
+    monkeypatch.setattr(PropertyDescriptor, "get_value",
+                        lambda self, obj: read.append(self.name) or get_value(self, obj))  # fmt: skip
+    column = pn.Column(pn.pane.HTML("x"), sizing_mode="stretch_width").get_root(Document())
+    sent = column.properties_with_values(include_defaults=False)
+    held = set(column._property_values) | set(column._unstable_default_values)
+    assert len(column.properties()) > 30 and 0 < len(sent) <= len(held) < 25
+    assert sorted(read) == sorted(held)  # set, or made when it was (a list: not sent)
+    read.clear()
+    own = HasProps.query_properties_with_values.__wrapped__(column, lambda p: p.serialized,
+                                                            include_defaults=False)  # fmt: skip
+    assert own == sent and len(read) > 30  # Bokeh's own reads them all
+    name = f"CkptviewRequired{uuid.uuid4().hex}"
+    probe = type(name, (Model,), {"__qualified_model__": name, "count": Required(Int)})
+    with pytest.raises(UnsetValueError):
+        probe().properties_with_values(include_defaults=False)
+
+
+def test_reading_set_properties_only_is_applied_once():
+    assert _panel_fixes.read_set_properties_only() is False  # already applied at import

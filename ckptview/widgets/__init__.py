@@ -26,6 +26,8 @@ from .shell.picker import TreePicker
 _panel_fixes.apply()
 _panel_fixes.cache_component_resources()
 _panel_fixes.cache_model_definitions()
+_panel_fixes.tag_data_models_locally()
+_panel_fixes.read_set_properties_only()
 
 __all__ = [
     "AccessRefused", "CompareView", "Dashboard", "Guard", "RestoreView", "RetentionView",

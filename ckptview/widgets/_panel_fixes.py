@@ -1,4 +1,4 @@
-"""Fixes for Panel's serving path (Panel 1.9.4, the newest at the time of writing).
+"""Fixes for Panel's serving path (Panel 1.9.4, Bokeh 3.9.2, the newest at the time of writing).
 
 **The message writer.**
 
@@ -47,6 +47,23 @@ component that is not bundled and imports bare names (panel-material-ui's user-d
 ``MaterialComponent``; none on ckptview's pages) would not load; Panel logs "Failed to add
 import map" for the bundled ones, which need none.
 
+**Data models tagged without walking the page.** Each custom component's model (every
+panel-material-ui component, a ``ReactiveHTML``) tags the data models it refers to with its
+root (``ReactiveCustomBase._patch_datamodel_ref``, so that a parameter's change finds its
+document). Panel looks for them with ``Model.select``: a walk of every model below, children
+included, for each such component as it is built and again on each change of its children
+(a tab switched). On a page whose ``Page`` holds the ``Tabs`` holding the tables, that walked
+the whole document twice per page, 3 % of its server CPU. The children's data models are tagged
+by the children themselves, with the same root, as they are built: :func:`tag_data_models_locally`
+tags those the component refers to without passing through a child (a UI element).
+
+**Serialised properties read only when sent.** Bokeh encodes a model with the properties set
+on it (``HasProps.query_properties_with_values(..., include_defaults=False)``), but reads the
+value of every property first, computing and checking the default of each one it then drops
+(its own ``TODO``). A layout has ~40 properties, a few of them set: that was 70 % of encoding a
+page's document, ~5 % of its server CPU. :func:`read_set_properties_only` reads only the
+properties it returns; one without a default is still read (and raises, as Bokeh's does).
+
 **Tables that wait a frame, not a spin.** A Tabulator's view redraws itself once its page
 settles (``_flush_resize_when_root_ready``): until its stylesheets are loaded, its first draw
 is done and its scroll restored, it waits by ``defer()``, one message-channel turn at a time,
@@ -67,6 +84,8 @@ from collections.abc import Callable
 _APPLIED = "_ckptview_flushes_queued"
 _CACHED = "_ckptview_cached"
 _DEFINED = "_ckptview_defined"
+_LOCAL = "_ckptview_tags_locally"
+_SET_ONLY = "_ckptview_set_properties_only"
 LOADED_ONLY = "_ckptview_loaded_modules_only"
 _NATIVE = "native modules"
 _PACED = "paced resizes"
@@ -201,6 +220,97 @@ def cache_model_definitions() -> bool:
     setattr(encode_class, _DEFINED, True)
     encode_class.known = known  # type: ignore[attr-defined]
     Serializer._encoders[MetaHasProps] = encode_class
+    return True
+
+
+def tag_data_models_locally() -> bool:
+    """Patch ``panel.reactive.ReactiveCustomBase._patch_datamodel_ref`` (once) to tag the data
+    models its ``props`` refers to without descending into UI elements; False when patched
+    already or Panel's method is not the one described above."""
+    import inspect
+
+    from bokeh.model import DataModel
+    from bokeh.model.util import collect_filtered_models
+    from bokeh.models import UIElement
+    from panel.reactive import ReactiveCustomBase
+
+    original = ReactiveCustomBase._patch_datamodel_ref
+    if getattr(original, _LOCAL, False):
+        return False
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):
+        return False
+    if "props.select({'type': DataModel})" not in source:
+        return False
+
+    def patch_datamodel_ref(cls, props, ref) -> None:
+        tag = f"__ref:{ref}"
+        for model in collect_filtered_models(lambda m: isinstance(m, UIElement), props):
+            if isinstance(model, DataModel) and tag not in model.tags:
+                model.tags.append(tag)
+
+    patch_datamodel_ref.__doc__ = original.__doc__
+    patch_datamodel_ref.__wrapped__ = original.__func__  # type: ignore[attr-defined]
+    setattr(patch_datamodel_ref, _LOCAL, True)
+    ReactiveCustomBase._patch_datamodel_ref = classmethod(patch_datamodel_ref)
+    return True
+
+
+def read_set_properties_only() -> bool:
+    """Patch ``bokeh.core.has_props.HasProps.query_properties_with_values`` (once) so that,
+    without defaults, it reads only the properties it returns; False when patched already or
+    Bokeh's method is not the one described above."""
+    import inspect
+
+    from bokeh.core.has_props import HasProps
+    from bokeh.core.property.descriptors import UnsetValueError
+    from bokeh.core.property.singletons import Undefined
+    from bokeh.core.property.wrappers import PropertyValueContainer
+
+    original = HasProps.query_properties_with_values
+    if getattr(original, _SET_ONLY, False):
+        return False
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):
+        return False
+    if "value = descriptor.get_value(self)" not in source or "if key not in selected_keys:" not in source:
+        return False
+
+    @functools.wraps(original)
+    def query_properties_with_values(self, query, *, include_defaults: bool = True,
+                                     include_undefined: bool = False) -> dict:  # fmt: skip
+        if include_defaults:
+            return original(self, query, include_defaults=True, include_undefined=include_undefined)
+        selected = set(self._property_values) | set(self._unstable_default_values)
+        themed = self.themed_values()
+        themed_keys = set(themed) if themed is not None else set()
+        selected |= themed_keys
+        result = {}
+        for key in self.properties(_with_props=True):
+            descriptor = self.lookup(key)
+            if not query(descriptor):
+                continue
+            if key not in selected:
+                if descriptor.property._default is Undefined and not include_undefined:
+                    descriptor.get_value(self)  # unset and no default: raises, as in Bokeh
+                continue
+            try:
+                value = descriptor.get_value(self)
+            except UnsetValueError:
+                if not include_undefined:
+                    raise
+                value = Undefined
+            else:
+                if (key not in themed_keys and isinstance(value, PropertyValueContainer)
+                        and key in self._unstable_default_values):  # fmt: skip
+                    continue
+            result[key] = value
+        return result
+
+    setattr(query_properties_with_values, _SET_ONLY, True)
+    HasProps.query_properties_with_values = query_properties_with_values
     return True
 
 
