@@ -338,6 +338,16 @@ class SeenMarker(ReactiveHTML):
             if (state.observer) state.observer.disconnect()
         """,
     }
+    #: what Panel makes of ``_template`` (the same for every marker: it holds no Jinja and no
+    #: child), made once rather than compiled and parsed again for each page
+    _made_template: tuple | None = None
+
+    def _get_template(self) -> tuple:
+        cls = type(self)
+        if cls.__dict__.get("_made_template") is None:
+            cls._made_template = super()._get_template()
+        html, nodes, attrs = cls._made_template
+        return html, list(nodes), {node: list(a) for node, a in attrs.items()}
 
 
 def draw_when_seen(area: pn.layout.ListLike, make: Callable[[], Any], text: str = "",

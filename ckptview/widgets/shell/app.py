@@ -74,13 +74,12 @@ class Dashboard(pn.viewable.Viewer):
         self._browsers: dict[str, RunBrowser] = {}
         self._trajectories: dict[str, TrajectoryPlot] = {}
         self.browse_area = pn.Column(sizing_mode="stretch_width", css_classes=["ckptview-browse"])
-        self.trajectory_area = pn.Column(sizing_mode="stretch_width")
-        self._areas = {name: pn.Column(sizing_mode="stretch_width") for name in WORKSPACE_VIEWS}
+        #: the other tabs' Columns, each made when its tab is first opened (till then the tab
+        #: holds :data:`LATER`: most pages only browse)
+        self._areas: dict[str, pn.Column] = {}
         self.tabs = TextTabs(  # Material tabs: role="tablist"/"tab", keyboard navigation
-            ("Browse", self.browse_area), ("Compare", self._areas["Compare"]),
-            ("Trajectory", self.trajectory_area), ("Restore", self._areas["Restore"]),
-            ("Retention", self._areas["Retention"]), ("Health", self._areas["Health"]), dynamic=True, sizing_mode="stretch_width",
-            css_classes=["ckptview-tabs"],
+            ("Browse", self.browse_area), *((name, LATER) for name in TABS[1:]), dynamic=True,
+            sizing_mode="stretch_width", css_classes=["ckptview-tabs"],
         )  # fmt: skip
         if self.runs_view is not None:  # an experiment: its Runs page first, and shown first
             self.tabs.insert(0, ("Runs", pn.Column(self.runs_view, sizing_mode="stretch_width")))
@@ -93,6 +92,17 @@ class Dashboard(pn.viewable.Viewer):
         self._on_runs()
 
     # -- views built on first use -------------------------------------------------------------
+    def area(self, name: str) -> pn.Column:
+        """The Column of the tab ``name`` (not Browse), put into its tab on first use."""
+        if name not in self._areas:
+            self._areas[name] = pn.Column(sizing_mode="stretch_width")
+            self.tabs[self.tab_names.index(name)] = (name, self._areas[name])
+        return self._areas[name]
+
+    @property
+    def trajectory_area(self) -> pn.Column:
+        return self.area("Trajectory")
+
     @cached_property
     def picker(self) -> TreePicker:
         """The "Open another tree" form, built on first use (its button in the sidebar)."""
@@ -104,7 +114,7 @@ class Dashboard(pn.viewable.Viewer):
             self._views[name] = WORKSPACE_VIEWS[name](self.workspace)
             if name == "Health":  # its rollback point opens the Restore tab's plan
                 self._views[name].on_restore = self._plan_restore
-            self._areas[name].objects = [self._views[name]]
+            self.area(name).objects = [self._views[name]]
         return self._views[name]
 
     @property
@@ -318,6 +328,9 @@ class _NoHeader(pn.viewable.Viewable):
 
 #: one for every tab titled by text (it holds nothing and never becomes a model)
 _NO_HEADER = _NoHeader()
+#: stands in every tab whose content is not made yet (:meth:`Dashboard.area`); TextTabs shows
+#: a Spacer for it, as for a tab not shown
+LATER = pn.Spacer()
 
 
 class TextTabs(pmui.Tabs):
@@ -362,15 +375,15 @@ class TextTabs(pmui.Tabs):
 
     def _shown_models(self, child, doc, root, parent, comm) -> tuple[list, list]:
         """The tabs' models when only the shown tab is drawn: its content, and one Spacer
-        standing for every other tab (``pmui.Tabs`` builds a Spacer per tab; the browser
-        draws the shown tab's content only)."""
+        standing for every other tab and for :data:`LATER` (``pmui.Tabs`` builds a Spacer per
+        tab; the browser draws the shown tab's content only)."""
         from bokeh.models import Spacer
         from panel_material_ui.layout.base import _acquire_model
 
         ref = root.ref["id"]
         models, old, spacer = [], [], None
         for i, obj in enumerate(child):
-            if not self._is_active(i):
+            if obj is LATER or not self._is_active(i):
                 spacer = spacer or Spacer()
                 models.append(spacer)
                 continue
