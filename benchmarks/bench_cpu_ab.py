@@ -13,7 +13,8 @@ when the browsers share it (the 20-session p95 of ``bench_load.py``).
 
 Each tree is served by its own ``python -m ckptview.widgets app/ckptview_app.py --warm`` (the
 peer, ``benchmarks/peer_table_app.py``, from the second tree); the CPU of each server process
-is summed over its visits' windows (psutil, 10 ms ticks: compare means). Sessions are
+is summed over its visits' windows (psutil, 10 ms ticks: compare means; the medians are
+printed too, less moved by a neighbour's burst on a shared machine). Sessions are
 discarded every 20 rounds outside the windows.
 """
 
@@ -97,8 +98,13 @@ async def run(args) -> None:
         for proc, _ in servers.values():
             proc.wait()
     mean = {name: statistics.mean(v) for name, v in used.items()}
+    median = {name: statistics.median(v) for name, v in used.items()}
     for name, v in used.items():
-        print(f"{name}: {mean[name] * 1000:.1f} ms per page (mean of {len(v)} visits)")
+        print(f"{name}: {mean[name] * 1000:.1f} ms per page (mean of {len(v)} visits; median "
+              f"{median[name] * 1000:.1f} ms)")
+    print(f"medians: after/before {median['after'] / median['before']:.3f}; before "
+          f"{median['before'] / median['peer']:.2f}x the peer, after "
+          f"{median['after'] / median['peer']:.2f}x")
     print(f"after/before {mean['after'] / mean['before']:.3f}; before {mean['before'] / mean['peer']:.2f}x "
           f"the peer, after {mean['after'] / mean['peer']:.2f}x")  # fmt: skip
     if args.chromium:
