@@ -238,8 +238,15 @@ def test_quickstart_browser_rows_and_a_click_on_a_serial(page: Page, fresh, demo
     heading = page.locator(".ckptview-vars-heading")
     expect(heading).to_contain_text("Serial ")  # latest, or 1 once the select(1) cell's update
     # reached the page (whether it does depends on the comm being open in time)
-    rows.nth(3).click()
-    expect(heading).to_contain_text(f"Serial 3 · {counts[3]} variables", timeout=WAIT)
+    wanted = f"Serial 3 · {counts[3]} variables"
+    for _ in range(3):  # a click before the widget's comm is open is dropped by the page (seen
+        rows.nth(3).click()  # once, under a full suite's load, with a cold JupyterLab): again
+        try:
+            expect(heading).to_contain_text(wanted, timeout=WAIT // 4)
+            break
+        except AssertionError:
+            continue
+    expect(heading).to_contain_text(wanted, timeout=WAIT)
     expect(page.locator(".ckptview-variables .tabulator-row")).to_have_count(int(counts[3]))
     shot(page, f"jupyter_{ui}_quickstart", rows.first)
     watch.assert_clean()
