@@ -223,25 +223,31 @@ def cache_model_definitions() -> bool:
     return True
 
 
+def _unpatched(method, flag: str, *lines: str) -> bool:
+    """Whether ``method`` is the library's own (not marked with ``flag``) and its source
+    holds every one of ``lines`` (the code a fix replaces is the code it was written for)."""
+    import inspect
+
+    if getattr(method, flag, False):
+        return False
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):
+        return False
+    return all(line in source for line in lines)
+
+
 def tag_data_models_locally() -> bool:
     """Patch ``panel.reactive.ReactiveCustomBase._patch_datamodel_ref`` (once) to tag the data
     models its ``props`` refers to without descending into UI elements; False when patched
     already or Panel's method is not the one described above."""
-    import inspect
-
     from bokeh.model import DataModel
     from bokeh.model.util import collect_filtered_models
     from bokeh.models import UIElement
     from panel.reactive import ReactiveCustomBase
 
     original = ReactiveCustomBase._patch_datamodel_ref
-    if getattr(original, _LOCAL, False):
-        return False
-    try:
-        source = inspect.getsource(original)
-    except (OSError, TypeError):
-        return False
-    if "props.select({'type': DataModel})" not in source:
+    if not _unpatched(original, _LOCAL, "props.select({'type': DataModel})"):
         return False
 
     def patch_datamodel_ref(cls, props, ref) -> None:
@@ -261,21 +267,14 @@ def read_set_properties_only() -> bool:
     """Patch ``bokeh.core.has_props.HasProps.query_properties_with_values`` (once) so that,
     without defaults, it reads only the properties it returns; False when patched already or
     Bokeh's method is not the one described above."""
-    import inspect
-
     from bokeh.core.has_props import HasProps
     from bokeh.core.property.descriptors import UnsetValueError
     from bokeh.core.property.singletons import Undefined
     from bokeh.core.property.wrappers import PropertyValueContainer
 
     original = HasProps.query_properties_with_values
-    if getattr(original, _SET_ONLY, False):
-        return False
-    try:
-        source = inspect.getsource(original)
-    except (OSError, TypeError):
-        return False
-    if "value = descriptor.get_value(self)" not in source or "if key not in selected_keys:" not in source:
+    if not _unpatched(original, _SET_ONLY, "value = descriptor.get_value(self)",
+                      "if key not in selected_keys:"):  # fmt: skip
         return False
 
     @functools.wraps(original)
