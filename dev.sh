@@ -3,7 +3,8 @@
 #
 #   ./dev.sh dashboard [PORT]   set up .venv, write the demo tree, serve the dashboard (5006)
 #   ./dev.sh test [PYTEST ARGS] set up .venv (+ Debian chromium), run ruff check, the import
-#                               contracts, mypy and pytest
+#                               contracts, mypy and pytest (without ARGS: the whole suite on
+#                               $CKPTVIEW_TEST_WORKERS xdist workers, default 2)
 #   ./dev.sh setup [EXTRAS]     only create/refresh .venv with ckptview[EXTRAS] (default: test)
 #   ./dev.sh help               this text
 #
@@ -51,6 +52,9 @@ cmd_test() {
   "$VENV/bin/lint-imports" --no-cache
   log "mypy (formats, engine, changes)"
   "$VENV/bin/mypy" ckptview/formats ckptview/engine ckptview/changes
+  if [ "$#" -eq 0 ]; then  # the whole suite: two workers (tests/conftest.py says who runs what)
+    set -- -n "${CKPTVIEW_TEST_WORKERS:-2}" --dist loadgroup
+  fi
   log "pytest $*"
   local rc=0
   "$VENV/bin/pytest" "$@" || rc=$?

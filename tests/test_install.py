@@ -37,9 +37,12 @@ def pip(python: Path | str, *args: str, timeout: float = 600) -> str:
     return done.stdout + done.stderr
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def venv(tmp_path_factory) -> Path:
-    """A fresh venv holding the wheel of this checkout and its base dependencies only."""
+    """A fresh venv holding the wheel of this checkout and its base dependencies only.
+
+    Session-wide: the browser test of this module runs with the other Chromium tests, after
+    the module's others; a module fixture was built twice (a minute of pip each)."""
     tmp = tmp_path_factory.mktemp("install")
     log = pip(sys.executable, "wheel", "--no-deps", "-v", str(ROOT), "-w", str(tmp / "dist"))
     warnings = [w for w in ("BuildBackendWarning", "DeprecationWarning", "project.license")
