@@ -543,16 +543,20 @@ def wrapping(**kwargs) -> dict:
 def notice(text: str = "", kind: str = "info", **kwargs) -> pn.pane.Markdown:
     """A readable message box (dark text on a light tint) in any design or theme."""
     kwargs = wrapping(**kwargs)
-    pane = pn.pane.Markdown(text, **kwargs)
-    set_notice(pane, text, kind)
-    return pane
+    classes = [c for c in kwargs.pop("css_classes", []) if not c.startswith("cv-notice-")]
+    return pn.pane.Markdown(text, styles=_notice_style(kind),
+                            css_classes=[*classes, f"cv-notice-{kind}"], **kwargs)  # fmt: skip
+
+
+def _notice_style(kind: str) -> dict:
+    return {**NOTICE_STYLES[kind], **NOTICE_TEXT, "padding": "2px 12px", "border-radius": "4px"}
 
 
 def set_notice(pane: pn.pane.Markdown, text: str, kind: str = "info") -> None:
     """Change a :func:`notice`'s text and kind; the kind is also a CSS class (for tests)."""
-    style = {**NOTICE_STYLES[kind], **NOTICE_TEXT, "padding": "2px 12px", "border-radius": "4px"}
     classes = [c for c in pane.css_classes if not c.startswith("cv-notice-")]
-    pane.param.update(object=text, styles=style, css_classes=[*classes, f"cv-notice-{kind}"])
+    pane.param.update(object=text, styles=_notice_style(kind),
+                      css_classes=[*classes, f"cv-notice-{kind}"])  # fmt: skip
 
 
 # -- live runs: pick up new serials while a view is open -----------------------------------------
