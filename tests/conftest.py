@@ -84,39 +84,23 @@ def _fresh_header_cache():
     yield
 
 
-#: the modules with Chromium tests run by the first of two xdist workers (the others by the
-#: second): about half of the browser tests' time each (the two JupyterLab modules share one
-#: JupyterLab, so one worker)
-FIRST_BROWSER_GROUP = {"test_browser_app", "test_jupyterlab", "test_jupyterlab_everyday",
-                       "test_browser_smoke", "test_browser_loading", "test_browser_idle",
-                       "test_browser_health"}  # fmt: skip
-
-
 def pytest_collection_modifyitems(config, items):
     """Run the modules with Chromium tests last: pytest-playwright's session browser keeps an
     asyncio loop running on the main thread, under which Panel/param run async callbacks as
     scheduled tasks instead of to completion — the in-process widget and notebook tests must
     come first.
 
-    Under ``pytest -n 2 --dist loadgroup`` (``./dev.sh test``) a module is one unit of work (its
-    fixtures made once), and the browser modules are two units, last in the queue: each worker
-    runs its share of the others, then one of the two, never an in-process test after one."""
+    Whole modules, so that under ``pytest -n 2 --dist loadscope --no-loadscope-reorder``
+    (``./dev.sh test``: a module is one unit of work, handed out in this order) a worker never
+    gets an in-process test after a browser module."""
 
     def uses_browser(item) -> bool:
         names = getattr(item, "fixturenames", ())
         return bool(item.get_closest_marker("browser")) or "page" in names or "browser" in names
 
-    late = {item.path for item in items if uses_browser(item)}  # whole modules
+    late = {item.path for item in items if uses_browser(item)}
     items[:] = ([item for item in items if item.path not in late]
                 + [item for item in items if item.path in late])  # fmt: skip
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.path in late:
-            group = "browser-1" if item.path.stem in FIRST_BROWSER_GROUP else "browser-2"
-        else:
-            group = item.path.stem
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", autouse=True)
