@@ -28,7 +28,11 @@ peer (``benchmarks/peer_table_app.py``). Measured for each, in one run:
   the sessions: growth per discarded session.
 
 Both servers run all along; the waves take turns between them (the dashboard's, then the
-peer's, ``--waves`` times), so a drift of the machine's speed hits both alike.
+peer's, ``--waves`` times), so a drift of the machine's speed hits both alike. The p95 of
+all waves pooled is, with 20 visitors, about the slowest wave's (a wave's visitors all wait for
+the whole wave: the server builds every page before it sends any document), so a neighbour's
+burst during one wave sets it; the ratio of each wave's p95 to that of the peer's wave that
+followed it is printed too, with their median.
 
 Prints a Markdown table (RESULTS.md § load).
 """
@@ -173,18 +177,21 @@ async def measure(apps: dict[str, Path], tree: Path, args, browser) -> dict[str,
     try:
         out = {name: await alone(server, args, browser) for name, server in servers.items()}
         for r in out.values():
-            r["visits"], r["sessions"] = [], []
+            r["visits"], r["sessions"], r["visit_waves"], r["session_waves"] = [], [], [], []
         for _ in range(args.waves):
             for name, server in servers.items():
-                wave = (visit(server.url) for _ in range(args.sessions))
-                out[name]["visits"] += await asyncio.gather(*wave)
+                wave = await asyncio.gather(*(visit(server.url) for _ in range(args.sessions)))
+                out[name]["visits"] += wave
+                out[name]["visit_waves"].append([v[0] for v in wave])
                 await asyncio.sleep(DISCARDED)
         for name, server in servers.items():
             out[name]["rss"].append(rss_mib(server.proc.pid))
         for _ in range(args.waves):
             for name, server in servers.items():
-                pages = (first_row(browser, server.url) for _ in range(args.sessions))
-                out[name]["sessions"] += await asyncio.gather(*pages)
+                pages = await asyncio.gather(*(first_row(browser, server.url)
+                                               for _ in range(args.sessions)))  # fmt: skip
+                out[name]["sessions"] += pages
+                out[name]["session_waves"].append(pages)
                 await asyncio.sleep(DISCARDED)  # closed sessions discarded (LIFETIME)
                 out[name]["rss"].append(rss_mib(server.proc.pid))
     finally:
@@ -254,6 +261,11 @@ async def run(args) -> None:
           f"{pct(ours['sessions'], .95) / pct(peer['sessions'], .95):.2f}×, p95 of the document "
           f"under {args.sessions} visitors "
           f"{pct([v[0] for v in ours['visits']], .95) / pct([v[0] for v in peer['visits']], .95):.2f}×")
+    for key, what in (("visit_waves", "document"), ("session_waves", "first row")):
+        pairs = [pct(a, .95) / pct(b, .95) for a, b in zip(ours[key], peer[key])]
+        print(f"wave by wave (each of ours beside the peer's that followed it), p95 of the {what}: "
+              + ", ".join(f"{r:.2f}×" for r in pairs)
+              + f"; median {statistics.median(pairs):.2f}×")
 
 
 def main(argv=None) -> None:
