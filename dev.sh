@@ -52,8 +52,8 @@ cmd_test() {
   "$VENV/bin/lint-imports" --no-cache
   log "mypy (formats, engine, changes)"
   "$VENV/bin/mypy" ckptview/formats ckptview/engine ckptview/changes
-  if [ "$#" -eq 0 ]; then  # the whole suite: two workers, a module each in tests/conftest.py's order
-    set -- -n "${CKPTVIEW_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder
+  if [ "$#" -eq 0 ]; then  # the whole suite on two workers (tests/conftest.py: ChromiumApart)
+    set -- -n "${CKPTVIEW_TEST_WORKERS:-2}"
   fi
   log "pytest $*"
   local rc=0

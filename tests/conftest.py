@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -90,9 +91,8 @@ def pytest_collection_modifyitems(config, items):
     scheduled tasks instead of to completion — the in-process widget and notebook tests must
     come first.
 
-    Whole modules, so that under ``pytest -n 2 --dist loadscope --no-loadscope-reorder``
-    (``./dev.sh test``: a module is one unit of work, handed out in this order) a worker never
-    gets an in-process test after a browser module."""
+    Whole modules: under ``pytest -n 2`` (``./dev.sh test``) they are one unit of work,
+    :class:`ChromiumApart`'s."""
 
     def uses_browser(item) -> bool:
         names = getattr(item, "fixturenames", ())
@@ -101,6 +101,55 @@ def pytest_collection_modifyitems(config, items):
     late = {item.path for item in items if uses_browser(item)}
     items[:] = ([item for item in items if item.path not in late]
                 + [item for item in items if item.path in late])  # fmt: skip
+
+
+#: the id of a test that pytest-playwright runs in Chromium (``test_x[chromium]``,
+#: ``test_y[light-chromium-Browse]``)
+CHROMIUM_ID = re.compile(r"\[(?:.*-)?chromium(?:-.*)?\]$")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``pytest -n N`` (N > 1) hands out work as :class:`ChromiumApart` does."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ChromiumApart(LoadScopeScheduling):
+        """A module is one unit of work, handed out in the order of the collection, except the
+        modules with Chromium tests: one unit, the first worker's from the start, and that
+        worker's only (it never runs an in-process test after Chromium's loop started; two
+        Chromiums and their servers at once on 2 cores made pages miss 60 s waits).
+        With one worker it runs everything, the Chromium unit last."""
+
+        chromium = "chromium tests"
+
+        def _split_scope(self, nodeid: str) -> str:
+            if not hasattr(self, "_browser_modules"):
+                ids = next(iter(self.registered_collections.values()))
+                self._browser_modules = {i.split("::", 1)[0] for i in ids if CHROMIUM_ID.search(i)}
+            module = nodeid.split("::", 1)[0]
+            return self.chromium if module in self._browser_modules else module
+
+        def _assign_work_unit(self, node) -> None:
+            apart = len(self.nodes) > 1
+            if apart and node is self.nodes[0]:
+                if self.chromium in self.workqueue:
+                    self._assign(node, self.chromium)
+                elif self.chromium not in self.assigned_work.get(node, {}):
+                    self._assign(node, next(iter(self.workqueue)))  # no Chromium tests
+                return
+            scope = next((s for s in self.workqueue if not apart or s != self.chromium), None)
+            if scope is not None:
+                self._assign(node, scope)
+
+        def _assign(self, node, scope: str) -> None:
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid)
+                                    for nodeid, done in work_unit.items() if not done])  # fmt: skip
+
+    if config.getvalue("dist") != "load" or config.getoption("numprocesses") in (None, 0):
+        return None
+    return ChromiumApart(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
