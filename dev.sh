@@ -3,8 +3,8 @@
 #
 #   ./dev.sh dashboard [PORT]   set up .venv, write the demo tree, serve the dashboard (5006)
 #   ./dev.sh test [PYTEST ARGS] set up .venv (+ Debian chromium), run ruff check, the import
-#                               contracts, mypy and pytest (without ARGS: the whole suite on
-#                               $CKPTVIEW_TEST_WORKERS xdist workers, default 2)
+#                               contracts, mypy and pytest (without ARGS and with
+#                               CKPTVIEW_TEST_WORKERS=N > 1: the suite on N xdist workers)
 #   ./dev.sh setup [EXTRAS]     only create/refresh .venv with ckptview[EXTRAS] (default: test)
 #   ./dev.sh help               this text
 #
@@ -52,8 +52,8 @@ cmd_test() {
   "$VENV/bin/lint-imports" --no-cache
   log "mypy (formats, engine, changes)"
   "$VENV/bin/mypy" ckptview/formats ckptview/engine ckptview/changes
-  if [ "$#" -eq 0 ]; then  # the whole suite on two workers (tests/conftest.py: ChromiumApart)
-    set -- -n "${CKPTVIEW_TEST_WORKERS:-2}"
+  if [ "$#" -eq 0 ] && [ "${CKPTVIEW_TEST_WORKERS:-1}" -gt 1 ]; then  # opt-in, not in CI
+    set -- -n "$CKPTVIEW_TEST_WORKERS"  # tests/conftest.py: ChromiumApart
   fi
   log "pytest $*"
   local rc=0
