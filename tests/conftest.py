@@ -140,12 +140,9 @@ def pytest_xdist_make_scheduler(config, log):
             if scope is not None:
                 self._assign(node, scope)
 
-        def _assign(self, node, scope: str) -> None:
-            work_unit = self.workqueue.pop(scope)
-            self.assigned_work.setdefault(node, {})[scope] = work_unit
-            collection = self.registered_collections[node]
-            node.send_runtest_some([collection.index(nodeid)
-                                    for nodeid, done in work_unit.items() if not done])  # fmt: skip
+        def _assign(self, node, scope: str) -> None:  # xdist's own, given the unit
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     if config.getvalue("dist") != "load" or config.getoption("numprocesses") in (None, 0):
         return None
