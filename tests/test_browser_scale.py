@@ -86,7 +86,7 @@ def scale_tree(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def scale_server(scale_tree):
     t0 = time.perf_counter()
-    server = Server([str(scale_tree)], extra=["--warm"], timeout=240)
+    server = Server([str(scale_tree)], timeout=240)  # warm
     server.startup_s = time.perf_counter() - t0
     yield server
     server.stop()
