@@ -3,8 +3,9 @@
 #
 #   ./dev.sh dashboard [PORT]   set up .venv, write the demo tree, serve the dashboard (5006)
 #   ./dev.sh test [PYTEST ARGS] set up .venv (+ Debian chromium), run ruff check, the import
-#                               contracts, mypy and pytest (without ARGS and with
-#                               CKPTVIEW_TEST_WORKERS=N > 1: the suite on N xdist workers)
+#                               contracts, mypy and pytest (without ARGS: on
+#                               CKPTVIEW_TEST_WORKERS xdist workers, default 2 with 2+ cores;
+#                               1: one test after another)
 #   ./dev.sh setup [EXTRAS]     only create/refresh .venv with ckptview[EXTRAS] (default: test)
 #   ./dev.sh help               this text
 #
@@ -52,8 +53,9 @@ cmd_test() {
   "$VENV/bin/lint-imports" --no-cache
   log "mypy (formats, engine, changes)"
   "$VENV/bin/mypy" ckptview/formats ckptview/engine ckptview/changes
-  if [ "$#" -eq 0 ] && [ "${CKPTVIEW_TEST_WORKERS:-1}" -gt 1 ]; then  # opt-in, not in CI
-    set -- -n "$CKPTVIEW_TEST_WORKERS"  # tests/conftest.py: ChromiumApart
+  local workers="${CKPTVIEW_TEST_WORKERS:-$(( $(nproc) > 1 ? 2 : 1 ))}"
+  if [ "$#" -eq 0 ] && [ "$workers" -gt 1 ]; then
+    set -- -n "$workers"  # tests/conftest.py: ChromiumApart
   fi
   log "pytest $*"
   local rc=0
