@@ -91,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
     scheduled tasks instead of to completion — the in-process widget and notebook tests must
     come first.
 
-    Whole modules: under ``pytest -n 2`` (``CKPTVIEW_TEST_WORKERS=2 ./dev.sh test``) one unit,
+    Whole modules: under ``pytest -n 2`` (``./dev.sh test`` on 2+ cores) one unit,
     :class:`ChromiumApart`'s."""
 
     def uses_browser(item) -> bool:
