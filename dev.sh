@@ -53,7 +53,7 @@ cmd_test() {
   "$VENV/bin/lint-imports" --no-cache
   log "mypy (formats, engine, changes)"
   "$VENV/bin/mypy" ckptview/formats ckptview/engine ckptview/changes
-  local workers="${CKPTVIEW_TEST_WORKERS:-$(( $(nproc) > 1 ? 2 : 1 ))}"
+  local workers="${CKPTVIEW_TEST_WORKERS:-$("$PY" -c 'import os; print(min(2, os.cpu_count() or 1))')}"
   if [ "$#" -eq 0 ] && [ "$workers" -gt 1 ]; then
     set -- -n "$workers"  # tests/conftest.py: ChromiumApart
   fi

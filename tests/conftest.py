@@ -115,8 +115,8 @@ def pytest_xdist_make_scheduler(config, log):
     class ChromiumApart(LoadScopeScheduling):
         """A module is one unit of work, handed out in the order of the collection, except the
         modules with Chromium tests: one unit, the first worker's from the start, and that
-        worker's only (it never runs an in-process test after Chromium's loop started; two
-        Chromiums and their servers at once on 2 cores made pages miss 60 s waits).
+        worker's only (it never runs an in-process test after Chromium's loop started, and one
+        Chromium with its servers at a time is what the pages' waits were sized for).
         With one worker it runs everything, the Chromium unit last."""
 
         chromium = "chromium tests"
