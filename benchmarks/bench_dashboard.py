@@ -64,7 +64,7 @@ def first_paint_traffic(page, url: str) -> dict:
 
 def peer_paint(root: Path, runs: int, browser) -> float:
     """Median seconds to the first row of the one-Tabulator peer app, same tree and browser."""
-    server = Server([str(root)], extra=["--warm"], timeout=600,
+    server = Server([str(root)], timeout=600,
                     app=ROOT / "benchmarks" / "peer_table_app.py")  # fmt: skip
     try:
         times = []
@@ -87,7 +87,7 @@ def bench(name: str, root: Path, runs: int, browser) -> dict:
     cat = cv.open(root)
     n_serials, n_rows = len(cat.serials), len(cat.variables)
     t0 = time.perf_counter()
-    server = Server([str(root)], extra=["--warm"], timeout=600)
+    server = Server([str(root)], timeout=600)
     ready = time.perf_counter() - t0
     try:
         context = browser.new_context(viewport={"width": 1500, "height": 1100})

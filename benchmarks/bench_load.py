@@ -172,7 +172,7 @@ async def alone(server: Server, args, browser) -> dict:
 async def measure(apps: dict[str, Path], tree: Path, args, browser) -> dict[str, dict]:
     """Every measure of each app; the waves of visitors and of Chromium sessions take turns
     between the apps (one app's wave, then the other's), so the machine's drift hits both."""
-    servers = {name: Server([str(tree)], extra=["--warm", *LIFETIME], app_args=["--poll", "0"],
+    servers = {name: Server([str(tree)], extra=LIFETIME, app_args=["--poll", "0"],
                             timeout=600, app=app) for name, app in apps.items()}  # fmt: skip
     try:
         out = {name: await alone(server, args, browser) for name, server in servers.items()}
