@@ -177,12 +177,11 @@ async def measure(apps: dict[str, Path], tree: Path, args, browser) -> dict[str,
     try:
         out = {name: await alone(server, args, browser) for name, server in servers.items()}
         for r in out.values():
-            r["visits"], r["sessions"], r["visit_waves"], r["session_waves"] = [], [], [], []
+            r["visit_waves"], r["session_waves"] = [], []
         for _ in range(args.waves):
             for name, server in servers.items():
                 wave = await asyncio.gather(*(visit(server.url) for _ in range(args.sessions)))
-                out[name]["visits"] += wave
-                out[name]["visit_waves"].append([v[0] for v in wave])
+                out[name]["visit_waves"].append(wave)
                 await asyncio.sleep(DISCARDED)
         for name, server in servers.items():
             out[name]["rss"].append(rss_mib(server.proc.pid))
@@ -190,13 +189,15 @@ async def measure(apps: dict[str, Path], tree: Path, args, browser) -> dict[str,
             for name, server in servers.items():
                 pages = await asyncio.gather(*(first_row(browser, server.url)
                                                for _ in range(args.sessions)))  # fmt: skip
-                out[name]["sessions"] += pages
                 out[name]["session_waves"].append(pages)
                 await asyncio.sleep(DISCARDED)  # closed sessions discarded (LIFETIME)
                 out[name]["rss"].append(rss_mib(server.proc.pid))
     finally:
         for server in servers.values():
             server.stop()
+    for r in out.values():  # every wave's, pooled
+        r["visits"] = [v for wave in r["visit_waves"] for v in wave]
+        r["sessions"] = [s for wave in r["session_waves"] for s in wave]
     return out
 
 
@@ -261,8 +262,12 @@ async def run(args) -> None:
           f"{pct(ours['sessions'], .95) / pct(peer['sessions'], .95):.2f}×, p95 of the document "
           f"under {args.sessions} visitors "
           f"{pct([v[0] for v in ours['visits']], .95) / pct([v[0] for v in peer['visits']], .95):.2f}×")
-    for key, what in (("visit_waves", "document"), ("session_waves", "first row")):
-        pairs = [pct(a, .95) / pct(b, .95) for a, b in zip(ours[key], peer[key])]
+    def documents(r: dict) -> list[list[float]]:
+        return [[v[0] for v in wave] for wave in r["visit_waves"]]
+
+    for what, a_waves, b_waves in (("document", documents(ours), documents(peer)),
+                                   ("first row", ours["session_waves"], peer["session_waves"])):
+        pairs = [pct(a, .95) / pct(b, .95) for a, b in zip(a_waves, b_waves)]
         print(f"wave by wave (each of ours beside the peer's that followed it), p95 of the {what}: "
               + ", ".join(f"{r:.2f}×" for r in pairs)
               + f"; median {statistics.median(pairs):.2f}×")

@@ -51,21 +51,21 @@ class Server:
 
     ``hardened``: through ``python -m ckptview.widgets`` (what ``ckptview serve`` runs: the same
     arguments, plus the Host check and the Content-Security-Policy), else plain ``panel serve``.
-    ``warm`` (as ``ckptview serve``): the trees are catalogued before the server answers, so a
-    test's page is never the one that shows the progress and then reloads under its clicks
+    The trees are catalogued before the server answers (``--warm``, as ``ckptview serve``), so
+    a test's page is never the one that shows the progress and then reloads under its clicks
     (the loading page has tests of its own: test_browser_loading.py).
     """
 
     def __init__(self, urls: list[str], allow_write: bool = False, extra: list[str] = (),
                  app_args: list[str] = (), timeout: float = 120,
                  hardened: bool = True, env: dict | None = None,
-                 app: Path = APP, warm: bool = True):  # fmt: skip
+                 app: Path = APP):  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/{app.stem}"
         serve = ["ckptview.widgets"] if hardened else ["panel", "serve"]
         cmd = [sys.executable, "-m", *serve, str(app), "--port", str(self.port),
                "--address", "127.0.0.1", "--allow-websocket-origin", f"127.0.0.1:{self.port}",
-               *(["--warm"] if warm and urls else []), *extra, "--args", *urls,
+               *(["--warm"] if urls else []), *extra, "--args", *urls,
                *(["--allow-write"] if allow_write else []), *app_args]  # fmt: skip
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True,
